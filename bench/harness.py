@@ -1,0 +1,78 @@
+"""Timing, bandwidth and result-writing helpers shared by the benchmarks in bench/.
+
+Every benchmark reports, per case, the time, the bytes the work must move and the FLOPs it must do, and the
+fraction of the peak bandwidth measured in the same run (a large device-to-device copy)."""
+import json
+import os
+import statistics
+
+import torch
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+
+
+def gpu_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def gpu_slug() -> str:
+    return gpu_name().lower().replace("nvidia", "").strip().replace(" ", "-")
+
+
+def measure_bandwidth(nbytes: int = 2 << 30) -> dict:
+    """Peak bandwidth in bytes/s: a device-to-device copy (read + write counted) and a large sum (read only)."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    copy_us = time_us(lambda: dst.copy_(src))
+    read_us = time_us(lambda: src.sum(dtype=torch.float32))
+    return {"copy_Bps": 2 * nbytes / (copy_us * 1e-6), "read_Bps": nbytes / (read_us * 1e-6)}
+
+
+def time_us(fn, reps: int = 20, trials: int = 7) -> float:
+    """Median time of one call in µs, from CUDA-graph replays of `reps` back-to-back calls (no launch gaps)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def row(kernel: str, shape: str, us: float, nbytes: float, flops: float, peak_Bps: float, **extra) -> dict:
+    """One result: time, the work's bytes and FLOPs, achieved bandwidth and its fraction of the peak."""
+    return {"kernel": kernel, "shape": shape, "us": round(us, 2), "bytes": int(nbytes), "flops": int(flops),
+            "GBps": round(nbytes / (us * 1e-6) / 1e9, 1), "frac_peak": round(nbytes / (us * 1e-6) / peak_Bps, 3),
+            "roofline_us": round(nbytes / peak_Bps * 1e6, 2), **extra}
+
+
+def write_results(name: str, rows: list, meta: dict) -> str:
+    """bench/results/<name>-<gpu>.json and .md; returns the markdown table."""
+    os.makedirs(RESULTS, exist_ok=True)
+    base = os.path.join(RESULTS, f"{name}-{gpu_slug()}")
+    with open(base + ".json", "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    cols = ["kernel", "shape", "us", "roofline_us", "GBps", "frac_peak"]
+    cols += [c for c in dict.fromkeys(k for r in rows for k in r) if c not in cols + ["bytes", "flops"]]
+    lines = [f"# {name} on {meta.get('gpu', gpu_name())}", "",
+             "  ".join(f"{k}: {v}" for k, v in meta.items()), "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    md = "\n".join(lines) + "\n"
+    with open(base + ".md", "w") as f:
+        f.write(md)
+    return md

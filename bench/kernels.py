@@ -1,0 +1,30 @@
+"""Kernel benchmark at the Qwen3.8-27B shapes: `python -m bench.kernels [--only int4,attn,...]`.
+
+Measures the peak bandwidth once, then runs each suite (a module bench/kernels_<name>.py with
+`run(peak_Bps) -> list[row]`) and writes bench/results/kernels-<gpu>.json and .md."""
+import argparse
+import importlib
+
+import torch
+
+from bench.harness import gpu_name, measure_bandwidth, write_results
+
+SUITES = []  # names of bench/kernels_<name>.py modules, in report order
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--only", default="", help="comma-separated suite names")
+    args = ap.parse_args()
+    bw = measure_bandwidth()
+    peak = bw["copy_Bps"]
+    meta = {"gpu": gpu_name(), "torch": torch.__version__, "peak_copy_GBps": round(peak / 1e9, 1),
+            "peak_read_GBps": round(bw["read_Bps"] / 1e9, 1), "frac_peak is relative to": "peak_copy_GBps"}
+    rows = []
+    for name in (args.only.split(",") if args.only else SUITES):
+        rows += importlib.import_module(f"bench.kernels_{name}").run(peak)
+    print(write_results("kernels" if not args.only else "kernels-" + args.only.replace(",", "-"), rows, meta))
+
+
+if __name__ == "__main__":
+    main()
