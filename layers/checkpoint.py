@@ -1,0 +1,118 @@
+"""Loading a Hugging Face checkpoint directory: safetensors only (one file, or shards listed in
+`model.safetensors.index.json`), tensors streamed to the target device one at a time.
+
+Every header is checked before any tensor is read, so a missing, unexpected or wrong-shaped tensor stops the load
+before work is done; a tensor that cannot be read stops it too. The model is only returned when every parameter
+was filled: nothing half-loaded is ever used."""
+import json
+import os
+import warnings
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from layers.config import ModelConfig
+from layers.model import Qwen35Model
+
+FP32_TENSORS = ("linear_attn.A_log", "linear_attn.norm.weight")   # bf16 or fp32 in checkpoints; kept in fp32
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def model_name(key: str) -> str | None:
+    """Checkpoint tensor name -> our parameter name; None for tensors this engine skips (the vision tower)."""
+    if key.startswith("model.visual."):
+        return None
+    for prefix in ("model.language_model.", "model."):
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key                             # lm_head.weight, mtp.*
+
+
+def shard_files(model_dir: str) -> list[str]:
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index}: not a valid index (needs a 'weight_map' object): {e}") from None
+        files = sorted(set(weight_map.values()))
+    elif os.path.exists(os.path.join(model_dir, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        found = sorted(f for f in os.listdir(model_dir) if f.endswith((".bin", ".pt", ".pth", ".ckpt")))
+        hint = f" (found {', '.join(found)}: pickle formats are not loaded, convert them to safetensors)" if found else ""
+        raise CheckpointError(f"{model_dir}: no model.safetensors or model.safetensors.index.json{hint}")
+    paths = [os.path.join(model_dir, f) for f in files]
+    for p in paths:
+        if not os.path.exists(p):
+            raise CheckpointError(f"{p}: listed in the index but missing")
+    return paths
+
+
+def read_headers(paths: list[str]) -> dict:
+    """name -> (file, checkpoint key, shape) for every tensor the model uses."""
+    found = {}
+    for path in paths:
+        try:
+            with safe_open(path, framework="pt") as f:
+                for key in f.keys():
+                    name = model_name(key)
+                    if name is None:
+                        continue
+                    if name in found:
+                        raise CheckpointError(f"{path}: tensor '{key}' also appears in {found[name][0]}")
+                    found[name] = (path, key, tuple(f.get_slice(key).get_shape()))
+        except SafetensorError as e:
+            raise CheckpointError(f"{path}: unreadable safetensors file: {e}") from None
+    return found
+
+
+def load_model(model_dir: str, device="cpu", dtype=torch.bfloat16, with_mtp: bool = True) -> Qwen35Model:
+    cfg = ModelConfig.from_dir(model_dir)
+    with torch.device("meta"):
+        model = Qwen35Model(cfg, with_mtp=with_mtp)
+    expected = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    found = read_headers(shard_files(model_dir))
+    if cfg.tie_word_embeddings:
+        found.pop("lm_head.weight", None)            # tied: the embedding is the head
+    mtp_names = [n for n in expected if n.startswith("mtp.")]
+    if model.mtp is not None and not any(n in found for n in mtp_names):
+        warnings.warn(f"{model_dir}: config asks for an MTP layer but the checkpoint has no mtp.* tensors; "
+                      "speculative decoding is off")
+        model.mtp = None
+        expected = {n: s for n, s in expected.items() if not n.startswith("mtp.")}
+    if not with_mtp or model.mtp is None:
+        found = {n: v for n, v in found.items() if not n.startswith("mtp.")}
+
+    for name, (path, key, shape) in found.items():
+        if name not in expected:
+            raise CheckpointError(f"{path}: unexpected tensor '{key}' (no such parameter in this model)")
+        if shape != expected[name]:
+            raise CheckpointError(f"{path}: tensor '{key}' has shape {list(shape)}, expected {list(expected[name])}")
+    missing = [n for n in expected if n not in found]
+    if missing:
+        raise CheckpointError(f"{model_dir}: missing tensor(s) {', '.join(missing[:5])}"
+                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+
+    by_file = {}
+    for name, (path, key, _) in found.items():
+        by_file.setdefault(path, []).append((name, key))
+    for path, items in by_file.items():
+        with safe_open(path, framework="pt") as f:
+            for name, key in items:
+                try:
+                    tensor = f.get_tensor(key)
+                except Exception as e:       # truncated or corrupt data
+                    raise CheckpointError(f"{path}: tensor '{key}' could not be read: {e}") from None
+                if not (tensor.is_floating_point() and tensor.dtype.itemsize >= 2):
+                    raise CheckpointError(f"{path}: tensor '{key}' has dtype {tensor.dtype}; expected fp32/fp16/bf16 "
+                                          "(quantised checkpoints are not supported by this loader)")
+                target = torch.float32 if name.endswith(FP32_TENSORS) else dtype
+                owner, _, leaf = name.rpartition(".")
+                model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(
+                    tensor.to(device=device, dtype=target), requires_grad=False)
+    return model.eval()
