@@ -1,0 +1,49 @@
+"""The engine as callers see it: a model directory in, a model + tokenizer + generation defaults + generator out."""
+import os
+from typing import Callable
+
+import torch
+
+from engine.generate import GenerationResult, Generator
+from engine.sampling import SamplingParams
+from engine.tokenizer import GenerationDefaults, Tokenizer, load_generation_defaults
+from layers.checkpoint import load_model
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO_MODEL = os.path.join(REPO, "models", "demo")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Engine:
+    def __init__(self, model, tokenizer: Tokenizer, defaults: GenerationDefaults, spec_k: int, model_dir: str):
+        self.model, self.tokenizer, self.defaults, self.model_dir = model, tokenizer, defaults, model_dir
+        self.spec_k = spec_k if model.mtp is not None else 0
+        self.generator = Generator(model)
+
+    @classmethod
+    def load(cls, model_dir: str | None = None, device: str = "cpu", dtype: str = "float32", spec_k: int = 4) -> "Engine":
+        model_dir = model_dir or DEMO_MODEL
+        if not os.path.isdir(model_dir):
+            raise FileNotFoundError(f"model directory {model_dir!r} does not exist")
+        if dtype not in DTYPES:
+            raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        if spec_k < 0:
+            raise ValueError(f"spec_k must be >= 0, got {spec_k}")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but CUDA is not available here")
+        tokenizer = Tokenizer.from_dir(model_dir)
+        defaults = load_generation_defaults(model_dir, tokenizer)
+        model = load_model(model_dir, device=device, dtype=DTYPES[dtype], with_mtp=spec_k > 0)
+        return cls(model, tokenizer, defaults, spec_k, model_dir)
+
+    def generate(self, prompt_ids: list, max_new_tokens: int, sampling: SamplingParams, *, stop_ids=None,
+                 ignore_eos: bool = False, spec_k: int | None = None,
+                 on_tokens: Callable[[list], bool | None] | None = None) -> GenerationResult:
+        stops = () if ignore_eos else (self.defaults.stop_ids if stop_ids is None else stop_ids)
+        k = self.spec_k if spec_k is None else (spec_k if self.model.mtp is not None else 0)
+        vocab = self.model.cfg.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id(s) {bad[:5]} outside the model's vocabulary (size {vocab})")
+        return self.generator.generate(list(prompt_ids), max_new_tokens, sampling, stop_ids=stops, spec_k=k,
+                                       on_tokens=on_tokens)
