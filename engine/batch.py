@@ -1,0 +1,471 @@
+"""`--batch-file`: run an OpenAI Batch JSONL file (ASSETS.md §5, the format `vllm run-batch` reads and writes).
+
+Every input line is validated up front (JSON, envelope, body parameters, duplicate custom_ids); a bad line becomes
+an error record for its custom_id (or its line number) and the others still run. Requests run one at a time in
+input order and each result is appended and flushed as soon as it finishes, so a rerun after a crash skips the
+custom_ids already in the output and loses nothing."""
+import json
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from engine.sampling import SamplingParams
+from engine.tokenizer import StreamDecoder
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+# Sampling knobs this engine does not implement: a request that sets them is refused rather than silently changed.
+UNSUPPORTED_NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0,
+                       "best_of": 1, "echo": False, "suffix": None, "logit_bias": None, "response_format": None}
+
+
+class BatchFileError(ValueError):
+    """The batch run as a whole cannot go on (unreadable input, unwritable output)."""
+
+
+class RequestError(ValueError):
+    """One request is invalid: it gets a 400 record and the batch goes on."""
+
+
+class TextStream:
+    """`on_tokens` callback that decodes the generated ids as they arrive, notes where the reasoning block ends
+    (the `</think>` id) and ends generation at the first stop string. Subclasses show the text (`_emit`)."""
+
+    def __init__(self, tokenizer, *, stops=(), think_end_id: int | None = None):
+        self.decoder = StreamDecoder(tokenizer)
+        self.stops = tuple(stops)
+        self.think_end_id = think_end_id
+        self.reasoning_end = None      # offset in the text where the answer starts, once `</think>` was emitted
+        self.cut = None                # offset of the first stop string
+        self.first_token_at = None     # perf_counter() of the first emitted token (time to first token)
+
+    def __call__(self, ids: list[int]) -> bool | None:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        searched = max(0, len(self.decoder.text) - max(map(len, self.stops), default=0) + 1)
+        if self.reasoning_end is None and self.think_end_id in ids:
+            end = ids.index(self.think_end_id) + 1
+            self._emit(self.decoder.push(ids[:end]))
+            self.reasoning_end = len(self.decoder.text)
+            self._reasoning_ended()
+            ids = ids[end:]
+        self._emit(self.decoder.push(ids))
+        hits = [i for i in (self.decoder.text.find(s, searched) for s in self.stops) if i >= 0]
+        if hits:
+            self.cut = min(hits)
+            return True
+        return None
+
+    def finish(self) -> tuple[str | None, str]:
+        """(reasoning, answer): reasoning is None when no `</think>` was emitted; a stop string is cut off."""
+        self._emit(self.decoder.flush())
+        text = self.decoder.text[:self.cut]
+        if self.reasoning_end is None or self.reasoning_end > len(text):      # no `</think>` before the end
+            return None, text
+        return text[:self.reasoning_end].strip("\n"), text[self.reasoning_end:].lstrip("\n")
+
+    def _emit(self, text: str):
+        pass
+
+    def _reasoning_ended(self):
+        pass
+
+
+@dataclass(frozen=True)
+class RequestDefaults:
+    """What a request gets for each parameter it leaves out (the CLI flags, else the model's generation_config)."""
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Request:
+    custom_id: str
+    url: str
+    model: str | None
+    prompt_ids: list
+    max_tokens: int
+    sampling: SamplingParams
+    stops: tuple
+    ignore_eos: bool
+    thinking: bool                 # the chat prompt opened a `<think>` block: the output starts with reasoning
+
+
+def _number(body: dict, key: str, default, rule: str, ok, *, integer: bool = False):
+    value = body.get(key)
+    if value is None:
+        return default
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise RequestError(f"body.{key} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not ok(value):
+        raise RequestError(f"body.{key} must be {rule}, got {value!r}")
+    return value
+
+
+def _stops(body: dict) -> tuple:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(f"body.stop must be a non-empty string or a list of them, got {stop!r}")
+    return tuple(stops)
+
+
+def _message(i: int, message) -> dict:
+    if not isinstance(message, dict) or message.get("role") not in MESSAGE_ROLES:
+        raise RequestError(f"body.messages[{i}] must be an object with role one of {', '.join(MESSAGE_ROLES)}")
+    content = message.get("content")
+    if isinstance(content, list):      # OpenAI content parts: only text parts can reach a text-only model
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise RequestError(f"body.messages[{i}].content: only text parts are supported")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str) and not (content is None and message["role"] == "assistant"):
+        raise RequestError(f"body.messages[{i}].content must be a string or a list of text parts")
+    return {**message, "content": content}
+
+
+def _check_unsupported(body: dict):
+    if body.get("n", 1) != 1:
+        raise RequestError(f"body.n must be 1, got {body['n']!r}")
+    if body.get("stream"):
+        raise RequestError("body.stream is not supported in a batch file")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise RequestError("logprobs are not supported by this engine")
+    for key, neutral in UNSUPPORTED_NEUTRAL.items():
+        if body.get(key, neutral) not in (neutral, None):
+            raise RequestError(f"body.{key} is not supported by this engine")
+
+
+def _prompt_ids(engine, url: str, body: dict) -> tuple[list, bool]:
+    """Prompt token ids, and whether the generation prompt opened a reasoning block."""
+    tokenizer = engine.tokenizer
+    if url == COMPLETIONS_URL:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str) and prompt:
+            return tokenizer.encode(prompt), False
+        if (isinstance(prompt, list) and prompt
+                and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)):
+            return list(prompt), False
+        raise RequestError("body.prompt must be a non-empty string or a list of token ids")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("body.messages must be a non-empty list")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise RequestError("body.chat_template_kwargs must be an object")
+    thinking = kwargs.get("enable_thinking", True)
+    if not isinstance(thinking, bool):
+        raise RequestError("body.chat_template_kwargs.enable_thinking must be true or false")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise RequestError("body.tools must be a list")
+    text = tokenizer.apply_chat_template([_message(i, m) for i, m in enumerate(messages)],
+                                         add_generation_prompt=True, enable_thinking=thinking, tools=tools)
+    return tokenizer.encode(text), thinking
+
+
+def parse_request(engine, record: dict, defaults: RequestDefaults) -> Request:
+    """Validate one decoded input line (custom_id already checked) into a Request; RequestError names the field."""
+    if record.get("method") != "POST":
+        raise RequestError(f"method must be POST, got {record.get('method')!r}")
+    url = record.get("url")
+    if url not in (CHAT_URL, COMPLETIONS_URL):
+        raise RequestError(f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}")
+    body = record.get("body")
+    if not isinstance(body, dict):
+        raise RequestError("body must be an object")
+    _check_unsupported(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(f"body.model must be a string, got {model!r}")
+    max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _number(body, max_key, defaults.max_tokens, ">= 1", lambda v: v >= 1, integer=True)
+    temperature = _number(body, "temperature", defaults.temperature, "in [0, 2]", lambda v: 0 <= v <= 2)
+    top_p = _number(body, "top_p", defaults.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
+    top_k = _number(body, "top_k", defaults.top_k, ">= 0 (or -1 for off)", lambda v: v >= -1, integer=True)
+    seed = _number(body, "seed", defaults.seed, "an integer", lambda v: True, integer=True)
+    ignore_eos = body.get("ignore_eos", defaults.ignore_eos)
+    if not isinstance(ignore_eos, bool):
+        raise RequestError(f"body.ignore_eos must be true or false, got {ignore_eos!r}")
+    prompt_ids, thinking = _prompt_ids(engine, url, body)
+    sampling = SamplingParams(temperature=float(temperature), top_k=max(top_k, 0), top_p=float(top_p), seed=seed)
+    return Request(record["custom_id"], url, model, prompt_ids, max_tokens, sampling, _stops(body), ignore_eos,
+                   thinking)
+
+
+def _timings(stats, started: float, first_token_at: float | None) -> dict:
+    prompt_ms, predicted_ms = stats.prefill_seconds * 1e3, stats.decode_seconds * 1e3
+    return {"prompt_n": stats.prompt_tokens, "prompt_ms": round(prompt_ms, 3),
+            "prompt_per_second": round(stats.prompt_tokens_per_second, 3),
+            "predicted_n": stats.generated, "predicted_ms": round(predicted_ms, 3),
+            "predicted_per_second": round(stats.tokens_per_second, 3),
+            "ttft_ms": round(((first_token_at or time.perf_counter()) - started) * 1e3, 3),
+            "draft_n": stats.drafted, "draft_n_accepted": stats.accepted}
+
+
+def run_request(engine, request: Request, think_end_id: int | None) -> tuple[dict, object]:
+    """Generate one request; returns the response body and the GenerationStats."""
+    stream = TextStream(engine.tokenizer, stops=request.stops,
+                        think_end_id=think_end_id if request.url == CHAT_URL else None)
+    started = time.perf_counter()
+    result = engine.generate(request.prompt_ids, request.max_tokens, request.sampling, ignore_eos=request.ignore_eos,
+                             on_tokens=stream)
+    reasoning, answer = stream.finish()
+    finish_reason = "stop" if stream.cut is not None else result.finish_reason
+    stats = result.stats
+    common = {"created": int(time.time()), "model": request.model or os.path.basename(engine.model_dir.rstrip("/")),
+              "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated,
+                        "total_tokens": stats.prompt_tokens + stats.generated},
+              "timings": _timings(stats, started, stream.first_token_at)}
+    if request.url == COMPLETIONS_URL:
+        choice = {"index": 0, "text": answer, "logprobs": None, "finish_reason": finish_reason}
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "choices": [choice], **common}, stats
+    if reasoning is None and request.thinking and think_end_id is not None:
+        reasoning, answer = answer, None           # cut off inside the reasoning block: all of it is reasoning
+    message = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "choices": [choice], **common}, stats
+
+
+def _record(custom_id, status: int | None, body=None, error: dict | None = None) -> dict:
+    response = None if status is None else {"status_code": status, "request_id": f"req_{uuid.uuid4().hex}",
+                                            "body": body}
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": response, "error": error}
+
+
+@dataclass
+class InputLine:
+    number: int                    # 1-based line number in the input file
+    custom_id: str | None
+    record: dict | None = None     # the decoded line, when it is valid JSON with a usable custom_id
+    error: str | None = None       # why the line is refused before running
+
+
+def read_input(path: str) -> list[InputLine]:
+    """Decode every non-blank line; lines with bad JSON, no custom_id or a duplicated custom_id carry an error."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            texts = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise BatchFileError(f"cannot read batch file {path}: {getattr(e, 'strerror', None) or e}") from None
+    lines = []
+    for number, text in enumerate(texts, 1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            lines.append(InputLine(number, None, error=f"line {number}: invalid JSON ({e.msg})"))
+            continue
+        custom_id = record.get("custom_id") if isinstance(record, dict) else None
+        if not isinstance(custom_id, str) or not custom_id:
+            lines.append(InputLine(number, None, error=f"line {number}: custom_id (a non-empty string) is missing"))
+            continue
+        lines.append(InputLine(number, custom_id, record))
+    first_line = {}
+    for line in lines:
+        if line.custom_id is not None:
+            first_line.setdefault(line.custom_id, []).append(line.number)
+    for line in lines:            # a shared custom_id cannot be matched to one result: refuse every copy
+        numbers = first_line.get(line.custom_id, [])
+        if len(numbers) > 1:
+            line.error = f"line {line.number}: duplicate custom_id {line.custom_id!r} (lines {numbers})"
+    return lines
+
+
+def _done_in(path: str | None) -> tuple[set, set]:
+    """custom_ids already answered in an earlier run, and error messages of line-number-only records. A torn last
+    line (the process died mid-write) is cut off so the next append starts on a fresh line."""
+    if not path or not os.path.exists(path):
+        return set(), set()
+    with open(path, "rb") as f:
+        data = f.read()
+    if data and not data.endswith(b"\n"):
+        data = data[:data.rfind(b"\n") + 1]
+        with open(path, "r+b") as f:
+            f.truncate(len(data))
+    ids, messages = set(), set()
+    for text in data.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("custom_id") is not None:
+            ids.add(record["custom_id"])
+        elif isinstance(record, dict) and isinstance(record.get("error"), dict):
+            messages.add(record["error"].get("message"))
+    return ids, messages
+
+
+class Progress:
+    """`Running batch: 37% | 37/100 [00:12<00:20, 3.0 req/s]` on stderr: redrawn in place on a terminal, else a
+    line at most every few seconds and at the end."""
+
+    def __init__(self, total: int, stream):
+        self.total, self.stream, self.started = total, stream, time.perf_counter()
+        self.tty = getattr(stream, "isatty", lambda: False)()
+        self.last_line = -1e9
+
+    @staticmethod
+    def _clock(seconds: float) -> str:
+        m, s = divmod(int(seconds), 60)
+        return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m:02d}:{s:02d}"
+
+    def update(self, done: int):
+        now = time.perf_counter()
+        if not self.tty and done < self.total and now - self.last_line < 5:
+            return
+        self.last_line = now
+        elapsed = now - self.started
+        rate = done / elapsed if elapsed > 0 else 0.0
+        left = (self.total - done) / rate if rate > 0 else 0.0
+        pct = 100 * done // self.total if self.total else 100
+        text = (f"Running batch: {pct}% | {done}/{self.total} [{self._clock(elapsed)}<{self._clock(left)}, "
+                f"{rate:.1f} req/s]")
+        self.stream.write(f"\r{text}" if self.tty else f"{text}\n")
+        if self.tty and done == self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+@dataclass
+class BatchSummary:
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    prompt_tokens: int = 0
+    generated: int = 0
+    steps: int = 0                 # verify steps of the requests that drafted
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_position: list = field(default_factory=list)
+    elapsed: float = 0.0
+
+    def add(self, stats):
+        self.ok += 1
+        self.prompt_tokens += stats.prompt_tokens
+        self.generated += stats.generated
+        if stats.drafted:
+            self.steps += stats.steps
+            self.drafted += stats.drafted
+            self.accepted += stats.accepted
+            for i, n in enumerate(stats.accepted_per_position):
+                if i == len(self.accepted_per_position):
+                    self.accepted_per_position.append(0)
+                self.accepted_per_position[i] += n
+
+    def as_dict(self) -> dict:
+        """vLLM benchmark key names."""
+        d = max(self.elapsed, 1e-9)
+        return {"completed": self.ok, "failed": self.failed, "skipped": self.skipped, "duration": self.elapsed,
+                "total_input_tokens": self.prompt_tokens, "total_output_tokens": self.generated,
+                "request_throughput": self.ok / d, "output_throughput": self.generated / d,
+                "total_token_throughput": (self.prompt_tokens + self.generated) / d,
+                "spec_decode_acceptance_rate": 100 * self.accepted / self.drafted if self.drafted else None,
+                "spec_decode_acceptance_length": 1 + self.accepted / self.steps if self.steps else None,
+                "spec_decode_num_drafts": self.steps, "spec_decode_draft_tokens": self.drafted,
+                "spec_decode_accepted_tokens": self.accepted,
+                "spec_decode_per_position_acceptance_rates":
+                    [100 * n / self.steps for n in self.accepted_per_position] if self.steps else []}
+
+    def format(self) -> str:
+        d = self.as_dict()
+        rows = [("Successful requests:", d["completed"]), ("Failed requests:", d["failed"]),
+                ("Skipped (already in output):", d["skipped"]), ("Duration (s):", f"{d['duration']:.2f}"),
+                ("Total input tokens:", d["total_input_tokens"]), ("Total generated tokens:", d["total_output_tokens"]),
+                ("Request throughput (req/s):", f"{d['request_throughput']:.2f}"),
+                ("Output token throughput (tok/s):", f"{d['output_throughput']:.2f}"),
+                ("Total token throughput (tok/s):", f"{d['total_token_throughput']:.2f}")]
+        lines = ["{s:{c}^{n}}".format(s=" Batch Result ", n=50, c="=")]
+        lines += [f"{k:<40} {v:<10}" for k, v in rows]
+        if self.drafted:
+            lines.append("{s:{c}^{n}}".format(s=" Speculative Decoding ", n=50, c="-"))
+            per_position = ", ".join(f"{p:.1f}" for p in d["spec_decode_per_position_acceptance_rates"])
+            lines += [f"{k:<40} {v:<10}" for k, v in [
+                ("Acceptance rate (%):", f"{d['spec_decode_acceptance_rate']:.2f}"),
+                ("Acceptance length:", f"{d['spec_decode_acceptance_length']:.2f}"),
+                ("Drafts:", d["spec_decode_num_drafts"]), ("Draft tokens:", d["spec_decode_draft_tokens"]),
+                ("Accepted tokens:", d["spec_decode_accepted_tokens"]),
+                ("Per-position acceptance (%):", per_position)]]
+        lines.append("=" * 50)
+        return "\n".join(lines)
+
+
+def _open_append(path: str):
+    try:
+        return open(path, "a", encoding="utf-8")
+    except OSError as e:
+        raise BatchFileError(f"cannot write {path}: {e.strerror}") from None
+
+
+def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *, errors_path: str | None = None,
+              summary_path: str | None = None, log=None) -> BatchSummary:
+    """Run every request of `in_path`, appending one record per line to `out_path` (failures to `errors_path`
+    instead, OpenAI style, when given). Progress and the summary go to `log` (default: stderr)."""
+    log = log or sys.stderr
+    lines = read_input(in_path)
+    done_ids, done_errors = _done_in(out_path)
+    if errors_path:
+        more_ids, more_errors = _done_in(errors_path)
+        done_ids |= more_ids
+        done_errors |= more_errors
+    todo = [ln for ln in lines if ln.custom_id not in done_ids and not (ln.custom_id is None and ln.error in done_errors)]
+    summary = BatchSummary(skipped=len(lines) - len(todo))
+    if summary.skipped:
+        log.write(f"Skipping {summary.skipped} requests already in {out_path}\n")
+    think_end_id = engine.tokenizer.token_to_id("</think>")
+    out = _open_append(out_path)
+    errors = _open_append(errors_path) if errors_path else out
+    progress = Progress(len(todo), log)
+    started = time.perf_counter()
+    try:
+        for n, line in enumerate(todo, 1):
+            record = _run_line(engine, line, defaults, think_end_id, summary, separate_errors=errors is not out)
+            target = out if record["error"] is None else errors
+            target.write(json.dumps(record, ensure_ascii=False) + "\n")
+            target.flush()
+            progress.update(n)
+    finally:
+        summary.elapsed = time.perf_counter() - started
+        out.close()
+        if errors is not out:
+            errors.close()
+    log.write(summary.format() + "\n")
+    if summary_path:
+        try:
+            with open(summary_path, "w", encoding="utf-8") as f:
+                json.dump(summary.as_dict(), f, indent=2)
+        except OSError as e:
+            raise BatchFileError(f"cannot write {summary_path}: {e.strerror}") from None
+    return summary
+
+
+def _run_line(engine, line: InputLine, defaults: RequestDefaults, think_end_id, summary: BatchSummary, *,
+              separate_errors: bool) -> dict:
+    def failure(status: int, code: str, message: str) -> dict:
+        summary.failed += 1
+        return _record(line.custom_id, None if separate_errors else status, error={"code": code, "message": message})
+
+    if line.error:
+        return failure(400, "invalid_request", line.error)
+    try:
+        request = parse_request(engine, line.record, defaults)
+        body, stats = run_request(engine, request, think_end_id)
+    except ValueError as e:        # RequestError, or the engine refusing e.g. a prompt longer than its context
+        return failure(400, "invalid_request", f"line {line.number}: {e}")
+    except Exception as e:         # one broken request must not end the batch
+        return failure(500, "internal_error", f"line {line.number}: {type(e).__name__}: {e}")
+    summary.add(stats)
+    return _record(line.custom_id, 200, body)

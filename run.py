@@ -1,0 +1,151 @@
+"""Command line: one-shot generation (`--prompt`, repeatable; `--json` for machine-readable output), an
+interactive chat (`--interactive`) or an OpenAI Batch JSONL file (`--batch-file IN --output OUT`).
+
+Sampling flags default to the model's generation_config. User errors (missing model, unreadable batch file, bad
+flag) print one line naming what is wrong and exit with status 2, without a traceback."""
+import argparse
+import json
+import sys
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="checkpoint directory (default: the demo model)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--dtype", default="float32", help="weight/activation dtype (default float32)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--prompt", action="append", help="prompt text; repeat for several prompts")
+    mode.add_argument("--interactive", action="store_true", help="multi-turn chat on the terminal")
+    mode.add_argument("--batch-file", metavar="IN.jsonl", help="OpenAI Batch JSONL input (needs --output)")
+    p.add_argument("--output", metavar="OUT.jsonl", help="batch results, appended (reruns skip finished ids)")
+    p.add_argument("--batch-errors", metavar="FILE", help="write failed batch requests here instead of --output")
+    p.add_argument("--batch-summary-json", metavar="FILE", help="write the batch summary as JSON")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="tokens to generate at most (default 512; "
+                   "in a batch, for requests without max_tokens)")
+    p.add_argument("--temperature", type=float, help="0 = greedy (default: generation_config)")
+    p.add_argument("--top-k", type=int, help="0 = off (default: generation_config)")
+    p.add_argument("--top-p", type=float, help="(default: generation_config)")
+    p.add_argument("--seed", type=int, help="makes sampling reproducible")
+    p.add_argument("--spec-k", type=int, default=4, help="MTP draft tokens per step; 0 turns drafting off")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at end tokens: generate exactly N")
+    p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+    p.add_argument("--system", help="system message for chat prompts")
+    p.add_argument("--no-think", action="store_true", help="chat template with thinking off")
+    p.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    return p
+
+
+def _check_args(p: argparse.ArgumentParser, args):
+    if not (args.prompt or args.interactive or args.batch_file):
+        p.error("give --prompt TEXT, --interactive or --batch-file IN.jsonl")
+    if args.batch_file and not args.output:
+        p.error("--batch-file needs --output OUT.jsonl")
+    if args.max_new_tokens < 1:
+        p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.spec_k < 0:
+        p.error(f"--spec-k must be >= 0, got {args.spec_k}")
+    if args.temperature is not None and args.temperature < 0:
+        p.error(f"--temperature must be >= 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 0:
+        p.error(f"--top-k must be >= 0, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        p.error(f"--top-p must be in (0, 1], got {args.top_p}")
+
+
+def _sampling(args, defaults):
+    from engine.sampling import SamplingParams
+    pick = lambda flag, default: default if flag is None else flag  # noqa: E731
+    return SamplingParams(temperature=pick(args.temperature, defaults.temperature),
+                          top_k=pick(args.top_k, defaults.top_k), top_p=pick(args.top_p, defaults.top_p),
+                          seed=args.seed)
+
+
+def _prompt_ids(engine, args, prompt: str) -> list[int]:
+    from engine.repl import chat_prompt_ids
+    if args.raw:
+        return engine.tokenizer.encode(prompt)
+    system_turn = [{"role": "system", "content": args.system}] if args.system else []
+    return chat_prompt_ids(engine.tokenizer, system_turn + [{"role": "user", "content": prompt}], not args.no_think)
+
+
+def _peak_memory_line(device: str) -> str:
+    import torch
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"\nPeak memory: {torch.cuda.max_memory_allocated() / 1e9:.3f} GB"
+    return ""
+
+
+def _one_shot(engine, args, prompt: str, sampling):
+    from engine.repl import EchoStream, mtp_summary
+    ids = _prompt_ids(engine, args, prompt)
+    if args.json:
+        result = engine.generate(ids, args.max_new_tokens, sampling, ignore_eos=args.ignore_eos)
+        print(json.dumps({"prompt": prompt, "prompt_tokens": len(ids), "token_ids": result.token_ids,
+                          "text": engine.tokenizer.decode(result.token_ids), "finish_reason": result.finish_reason,
+                          "stats": result.stats.as_dict()}, ensure_ascii=False), flush=True)
+        return
+    print("==========", flush=True)
+    stream = EchoStream(engine.tokenizer, sys.stdout, thinking=not (args.raw or args.no_think))
+    result = engine.generate(ids, args.max_new_tokens, sampling, ignore_eos=args.ignore_eos, on_tokens=stream)
+    stream.finish()
+    stream.end_line()
+    s = result.stats
+    print("==========\n"
+          f"Prompt: {s.prompt_tokens} tokens, {s.prompt_tokens_per_second:.3f} tokens-per-sec\n"
+          f"Generation: {s.generated} tokens, {s.tokens_per_second:.3f} tokens-per-sec"
+          + (f"\nMTP accept: {mtp_summary(s)}" if s.drafted else "") + _peak_memory_line(args.device), flush=True)
+
+
+def _user_error(e: Exception) -> int:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _run_batch(engine, args, sampling) -> int:
+    from engine.batch import BatchFileError, RequestDefaults, run_batch
+    defaults = RequestDefaults(args.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p, args.seed,
+                               args.ignore_eos)
+    try:
+        run_batch(engine, args.batch_file, args.output, defaults, errors_path=args.batch_errors,
+                  summary_path=args.batch_summary_json)           # failed requests are recorded, not fatal
+    except BatchFileError as e:
+        return _user_error(e)
+    return 0
+
+
+def _run_prompts(engine, args, sampling) -> int:
+    for prompt in args.prompt:
+        try:
+            _one_shot(engine, args, prompt, sampling)
+        except ValueError as e:              # the engine refuses the prompt, e.g. longer than the model's context
+            return _user_error(e)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    from engine.engine import Engine
+    from engine.repl import run_repl
+    try:
+        engine = Engine.load(args.model, device=args.device, dtype=args.dtype, spec_k=args.spec_k)
+    except (ValueError, OSError) as e:       # FileNotFoundError included: a wrong --model is a user error
+        return _user_error(e)
+    sampling = _sampling(args, engine.defaults)
+    try:
+        if args.batch_file:
+            return _run_batch(engine, args, sampling)
+        if args.interactive:
+            return run_repl(engine, sampling, max_new_tokens=args.max_new_tokens, enable_thinking=not args.no_think,
+                            system=args.system, ignore_eos=args.ignore_eos)
+        return _run_prompts(engine, args, sampling)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The OpenAI Batch JSONL runner (engine/batch.py) on a tiny real checkpoint: output shapes (ASSETS.md §5), stop
+strings, the reasoning split, per-line errors, duplicate ids, resuming after a crash, progress and summary."""
+import io
+import json
+
+import pytest
+
+from engine.batch import (BatchFileError, RequestDefaults, TextStream, run_batch)
+from engine.engine import Engine
+from engine.generate import GenerationResult, GenerationStats
+from engine.sampling import SamplingParams
+from tests.fixtures import make_tiny_checkpoint
+
+GREEDY = RequestDefaults(max_tokens=12, temperature=0.0, top_k=0, top_p=1.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    return Engine.load(make_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny"))))
+
+
+def chat(custom_id, content="Hi", **body):
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "qwen3.5-27b", "messages": [{"role": "user", "content": content}], **body}}
+
+
+def completion(custom_id, prompt="def fib(n):", **body):
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
+            "body": {"model": "qwen3.5-27b", "prompt": prompt, **body}}
+
+
+def write_lines(path, items):
+    path.write_text("".join((item if isinstance(item, str) else json.dumps(item)) + "\n" for item in items))
+    return str(path)
+
+
+def read_records(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def run(engine, tmp_path, items, defaults=GREEDY, **kw):
+    log = io.StringIO()
+    out = str(tmp_path / "out.jsonl")
+    summary = run_batch(engine, write_lines(tmp_path / "in.jsonl", items), out, defaults, log=log, **kw)
+    return read_records(out), summary, log.getvalue()
+
+
+def test_output_shapes_follow_the_openai_batch_format(tiny_engine, tmp_path):
+    items = [chat("req-1", max_completion_tokens=7, temperature=0.0, top_p=1.0, seed=7,
+                  chat_template_kwargs={"enable_thinking": False}),
+             completion("req-2", max_tokens=5)]
+    records, summary, _ = run(tiny_engine, tmp_path, items)
+    assert [r["custom_id"] for r in records] == ["req-1", "req-2"]
+    for r, n, obj in zip(records, (7, 5), ("chat.completion", "text_completion")):
+        assert r["id"].startswith("batch_req_") and r["error"] is None
+        assert r["response"]["status_code"] == 200 and r["response"]["request_id"].startswith("req_")
+        body = r["response"]["body"]
+        assert body["object"] == obj and body["model"] == "qwen3.5-27b" and isinstance(body["created"], int)
+        usage, timings = body["usage"], body["timings"]
+        assert usage["completion_tokens"] == n == timings["predicted_n"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert usage["prompt_tokens"] == timings["prompt_n"]
+        assert {"prompt_ms", "prompt_per_second", "predicted_ms", "predicted_per_second", "ttft_ms"} <= set(timings)
+        assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"] and timings["draft_n"] > 0
+        assert body["choices"][0]["finish_reason"] == "length" and body["choices"][0]["index"] == 0
+    chat_body, text_body = records[0]["response"]["body"], records[1]["response"]["body"]
+    assert chat_body["id"].startswith("chatcmpl-") and text_body["id"].startswith("cmpl-")
+    message = chat_body["choices"][0]["message"]
+    assert message["role"] == "assistant" and message["reasoning_content"] is None
+
+    tok = tiny_engine.tokenizer        # usage counts the templated prompt; the text is the greedy continuation
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}], enable_thinking=False)
+    assert chat_body["usage"]["prompt_tokens"] == len(tok.encode(prompt))
+    ref = tiny_engine.generate(tok.encode("def fib(n):"), 5, SamplingParams(temperature=0), ignore_eos=True)
+    assert text_body["choices"][0]["text"] == tok.decode(ref.token_ids)
+    assert summary.ok == 2 and summary.failed == 0
+    assert summary.generated == 12 and summary.prompt_tokens == sum(
+        r["response"]["body"]["usage"]["prompt_tokens"] for r in records)
+
+
+def test_defaults_apply_and_body_parameters_override_them(tiny_engine, tmp_path, monkeypatch):
+    seen = []
+    real = tiny_engine.generate
+    monkeypatch.setattr(tiny_engine, "generate", lambda ids, n, sampling, **kw: seen.append((n, sampling, kw))
+                        or real(ids, n, sampling, **kw))
+    defaults = RequestDefaults(max_tokens=3, temperature=0.7, top_k=20, top_p=0.9, seed=5)
+    run(tiny_engine, tmp_path, [completion("a"),
+                                completion("b", max_tokens=2, temperature=0, top_k=-1, top_p=0.5, seed=1),
+                                chat("c", max_tokens=9, max_completion_tokens=4, ignore_eos=True)], defaults)
+    assert seen[0][:2] == (3, SamplingParams(0.7, 20, 0.9, 5)) and seen[0][2]["ignore_eos"] is False
+    assert seen[1][:2] == (2, SamplingParams(0.0, 0, 0.5, 1))
+    assert seen[2][0] == 4 and seen[2][2]["ignore_eos"] is True     # max_completion_tokens wins over max_tokens
+
+
+def test_seeded_sampling_is_reproducible(tiny_engine, tmp_path):
+    items = [completion(f"s{i}", max_tokens=8, temperature=1.0, seed=11) for i in range(2)]
+    records, _, _ = run(tiny_engine, tmp_path, items)
+    texts = [r["response"]["body"]["choices"][0]["text"] for r in records]
+    assert texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_stop_string_trims_the_text_and_finishes_with_stop(tiny_engine, tmp_path, as_list):
+    tok = tiny_engine.tokenizer
+    ids = tiny_engine.generate(tok.encode("def fib(n):"), 24, SamplingParams(temperature=0), ignore_eos=True).token_ids
+    full = tok.decode(ids)
+    at = next(i for i in range(3, len(full) - 2) if "\ufffd" not in full[i:i + 2] and full.find(full[i:i + 2]) == i)
+    stop = full[at:at + 2]
+    records, _, _ = run(tiny_engine, tmp_path, [completion("x", max_tokens=24, stop=[stop, "never"] if as_list
+                                                            else stop)])
+    choice = records[0]["response"]["body"]["choices"][0]
+    assert choice["text"] == full[:at] and choice["finish_reason"] == "stop"
+    assert records[0]["response"]["body"]["usage"]["completion_tokens"] < 24
+
+
+class ScriptedEngine:
+    """The tiny engine's tokenizer with a scripted output, emitted two ids per step, to drive reasoning splits."""
+
+    def __init__(self, engine, output_ids):
+        self.tokenizer, self.model_dir, self.output_ids = engine.tokenizer, engine.model_dir, output_ids
+
+    def generate(self, prompt_ids, max_new_tokens, sampling, *, ignore_eos=False, on_tokens=None, **_):
+        out, reason = [], "length"
+        for i in range(0, min(len(self.output_ids), max_new_tokens), 2):
+            step = self.output_ids[i:min(i + 2, max_new_tokens)]
+            out += step
+            if on_tokens(step):
+                reason = "stop"
+                break
+        stats = GenerationStats(prompt_tokens=len(prompt_ids), generated=len(out), steps=len(out) // 2)
+        return GenerationResult(out, reason, stats)
+
+
+def scripted(engine, text_before, text_after=None):
+    tok = engine.tokenizer
+    ids = tok.encode(text_before)
+    return ids if text_after is None else ids + [tok.token_to_id("</think>")] + tok.encode(text_after)
+
+
+@pytest.mark.parametrize("thinking, output, stop, reasoning, content, reason", [
+    (True, ("Let me see.\n", "\n\nHello there."), None, "Let me see.", "Hello there.", "length"),
+    (True, ("thinking on and on",), None, "thinking on and on", None, "length"),        # cut off while reasoning
+    (True, ("abc\n", "\n\nxyz STOP tail"), " STOP", "abc", "xyz", "stop"),
+    (True, ("ab STOP cd\n", "\n\nxyz"), " STOP", "ab", None, "stop"),                     # stopped before </think>
+    (False, ("plain answer",), None, None, "plain answer", "length"),
+])
+def test_chat_reasoning_is_split_into_reasoning_content(tiny_engine, tmp_path, thinking, output, stop, reasoning,
+                                                        content, reason):
+    engine = ScriptedEngine(tiny_engine, scripted(tiny_engine, *output))
+    body = {"chat_template_kwargs": {"enable_thinking": thinking}, "max_tokens": 100}
+    records, _, _ = run(engine, tmp_path, [chat("r", **body, **({"stop": stop} if stop else {}))])
+    choice = records[0]["response"]["body"]["choices"][0]
+    assert choice["message"]["reasoning_content"] == reasoning and choice["message"]["content"] == content
+    assert choice["finish_reason"] == reason
+
+
+def test_completions_keep_the_reasoning_in_the_text(tiny_engine, tmp_path):
+    engine = ScriptedEngine(tiny_engine, scripted(tiny_engine, "a\n", "\n\nb"))
+    records, _, _ = run(engine, tmp_path, [completion("c", max_tokens=100)])
+    assert records[0]["response"]["body"]["choices"][0]["text"] == "a\n\n\nb"
+
+
+def test_text_stream_matches_a_one_shot_decode_across_chunkings(tiny_engine):
+    tok = tiny_engine.tokenizer
+    ids = tok.encode("héllo 毕老师 ✓ wörld")
+    for chunk in (1, 2, 3, 7):
+        stream = TextStream(tok)
+        for i in range(0, len(ids), chunk):
+            assert stream(ids[i:i + chunk]) is None
+        assert stream.finish() == (None, tok.decode(ids))
+
+
+BAD_LINES = [
+    ("not json at all", None, "line 1: invalid JSON"),
+    ({"method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}, None, "line 2: custom_id"),
+    ({**completion("m"), "method": "GET"}, "m", "method must be POST"),
+    ({**completion("u"), "url": "/v1/embeddings"}, "u", "url must be"),
+    ({**completion("b"), "body": "x"}, "b", "body must be an object"),
+    (completion("t", temperature="hot"), "t", "body.temperature must be a number"),
+    (completion("t2", temperature=3), "t2", "body.temperature must be in [0, 2]"),
+    (completion("mt", max_tokens=0), "mt", "body.max_tokens must be >= 1"),
+    (completion("mt2", max_tokens=2.5), "mt2", "body.max_tokens must be an integer"),
+    (completion("tp", top_p=0), "tp", "body.top_p must be in (0, 1]"),
+    (completion("tk", top_k=True), "tk", "body.top_k must be an integer"),
+    (completion("sd", seed="7"), "sd", "body.seed must be an integer"),
+    (completion("n", n=2), "n", "body.n must be 1"),
+    (completion("st", stream=True), "st", "body.stream"),
+    (completion("lp", logprobs=3), "lp", "logprobs"),
+    (completion("pp", presence_penalty=1.5), "pp", "body.presence_penalty is not supported"),
+    (completion("sp", stop=[""]), "sp", "body.stop"),
+    (completion("ep", prompt=""), "ep", "body.prompt"),
+    (completion("long", prompt="x" * 600), "long", "max_position_embeddings"),
+    (chat("nm", messages=None), "nm", "body.messages must be a non-empty list"),
+    (chat("role", messages=[{"role": "robot", "content": "x"}]), "role", "body.messages[0]"),
+    (chat("kw", chat_template_kwargs={"enable_thinking": "no"}), "kw", "enable_thinking"),
+]
+
+
+def test_bad_lines_get_error_records_and_the_rest_still_run(tiny_engine, tmp_path):
+    items = [item for item, _, _ in BAD_LINES]
+    items.insert(4, completion("good-1", max_tokens=2))
+    items.append(chat("good-2", max_tokens=2))
+    records, summary, log = run(tiny_engine, tmp_path, items)
+    assert len(records) == len(items)
+    good = [r for r in records if r["error"] is None]
+    assert [r["custom_id"] for r in good] == ["good-1", "good-2"]
+    bad = [r for r in records if r["error"] is not None]
+    for r, (_, custom_id, message) in zip(bad, BAD_LINES):
+        assert r["custom_id"] == custom_id and message in r["error"]["message"]
+        assert r["error"]["code"] == "invalid_request"
+        assert r["response"]["status_code"] == 400 and r["response"]["body"] is None
+    assert summary.ok == 2 and summary.failed == len(BAD_LINES)
+    assert f"Failed requests:{' ' * 25}{len(BAD_LINES)}" in log
+
+
+def test_duplicate_custom_ids_are_all_rejected_up_front(tiny_engine, tmp_path):
+    records, summary, _ = run(tiny_engine, tmp_path, [completion("d", max_tokens=2), completion("ok", max_tokens=2),
+                                                      chat("d", max_tokens=2)])
+    assert [r["custom_id"] for r in records] == ["d", "ok", "d"]
+    assert [r["error"] is None for r in records] == [False, True, False]
+    assert "duplicate custom_id 'd'" in records[0]["error"]["message"] and summary.failed == 2
+
+
+def test_rerun_after_a_crash_skips_finished_ids_and_drops_a_torn_line(tiny_engine, tmp_path):
+    items = ["{broken"] + [completion(f"c{i}", max_tokens=2) for i in range(4)]
+    run(tiny_engine, tmp_path, items)
+    out = tmp_path / "out.jsonl"
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:3]) + lines[3][:25])          # died while writing the 4th record
+    records, summary, log = run(tiny_engine, tmp_path, items)
+    assert [r["custom_id"] for r in records] == [None, "c0", "c1", "c2", "c3"]
+    assert summary.skipped == 3 and summary.ok == 2 and "Skipping 3 requests" in log
+    _, again, _ = run(tiny_engine, tmp_path, items)
+    assert again.skipped == 5 and again.ok == again.failed == 0
+    assert len(read_records(out)) == 5
+
+
+def test_errors_file_takes_failures_openai_style(tiny_engine, tmp_path):
+    errors = str(tmp_path / "errors.jsonl")
+    records, _, _ = run(tiny_engine, tmp_path, [completion("ok", max_tokens=2), completion("bad", n=3)],
+                        errors_path=errors)
+    assert [r["custom_id"] for r in records] == ["ok"]
+    (failure,) = read_records(errors)
+    assert failure["custom_id"] == "bad" and failure["response"] is None and "body.n" in failure["error"]["message"]
+
+
+def test_progress_summary_and_summary_json(tiny_engine, tmp_path):
+    summary_path = tmp_path / "summary.json"
+    _, summary, log = run(tiny_engine, tmp_path, [completion(f"p{i}", max_tokens=6) for i in range(3)],
+                          summary_path=str(summary_path))
+    assert "Running batch: 100% | 3/3 [" in log and "req/s]" in log
+    for label in ("Successful requests:", "Total generated tokens:", "Output token throughput (tok/s):",
+                  "Acceptance rate (%):", "Per-position acceptance (%):"):
+        assert label in log
+    data = json.loads(summary_path.read_text())
+    assert data["completed"] == 3 and data["total_output_tokens"] == 18 == summary.generated
+    assert data["spec_decode_draft_tokens"] == summary.drafted > 0
+    assert 1 <= data["spec_decode_acceptance_length"] <= 1 + tiny_engine.spec_k
+    assert len(data["spec_decode_per_position_acceptance_rates"]) == tiny_engine.spec_k
+
+
+def test_unreadable_batch_file_is_a_batch_error(tiny_engine, tmp_path):
+    with pytest.raises(BatchFileError, match="cannot read batch file .*missing.jsonl"):
+        run_batch(tiny_engine, str(tmp_path / "missing.jsonl"), str(tmp_path / "out.jsonl"), GREEDY, log=io.StringIO())
