@@ -1,0 +1,251 @@
+"""Gated DeltaNet kernels (kernels/gdn_recurrent.py, gdn_chunked.py, conv1d.py) against their plain-torch
+references, the references against transformers, and the slot scheme over whole speculative rounds."""
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule
+
+from kernels.conv1d import causal_conv1d, causal_conv1d_reference
+from kernels.gdn_chunked import chunked_reference, gdn_prefill
+from kernels.gdn_recurrent import (gates_reference, gdn_verify, gdn_verify_reference, prepare_qk_reference,
+                                   recurrent_reference)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def relerr(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def gdn_inputs(B, T, HV, HK, DK, DV, dtype=torch.float32, seed=0):
+    """Random layer inputs as the conv would hand them over, plus A_log / dt_bias in their real ranges."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)
+    q, k, v, a, b = r(B, T, HK, DK), r(B, T, HK, DK), r(B, T, HV, DV), r(B, T, HV), r(B, T, HV)
+    A_log = torch.empty(HV).uniform_(0.0, 2.5, generator=gen)
+    dt_bias = r(HV)
+    return [x.to(DEV, dtype) for x in (q, k, v, a, b)] + [A_log.to(DEV), dt_bias.to(DEV)]
+
+
+def seq_reference(q, k, v, a, b, A_log, dt_bias, state=None):
+    """Recurrent reference over whole sequences: o [B, L, Hv, dv] and the state after the last token."""
+    qn, kn = prepare_qk_reference(q, k, v.shape[2])
+    g, beta = gates_reference(a, b, A_log, dt_bias)
+    if state is None:
+        state = torch.zeros(q.shape[0], v.shape[2], q.shape[3], v.shape[3], device=q.device)
+    o, states = recurrent_reference(qn, kn, v, g, beta, state)
+    return o, states[:, -1]
+
+
+# --- references against transformers ---------------------------------------------------------------------------
+
+def test_references_match_transformers():
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(2, 77, 4, 2, 16, 32, torch.float64, seed=1)
+    g, beta = gates_reference(a, b, A_log, dt_bias)
+    init = torch.randn(2, 4, 16, 32, dtype=torch.float64, device=DEV)
+    rep = lambda x: x.repeat_interleave(2, dim=2)
+    hf_o, hf_s = torch_recurrent_gated_delta_rule(rep(q), rep(k), v, g, beta, initial_state=init,
+                                                  output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o, s = seq_reference(q, k, v, a, b, A_log, dt_bias, init)
+    assert relerr(o, hf_o) < 1e-6 and relerr(s, hf_s) < 1e-6
+    qn, kn = prepare_qk_reference(q, k, 4)
+    co, cs = chunked_reference(qn, kn, v, g, beta, init, chunk=16)
+    hc_o, hc_s = torch_chunk_gated_delta_rule(rep(q), rep(k), v, g, beta, chunk_size=16, initial_state=init,
+                                              output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert relerr(co, hf_o) < 1e-5 and relerr(cs, hf_s) < 1e-5
+    assert relerr(hc_o, co) < 1e-5
+
+
+def test_conv_reference_matches_full_conv():
+    x = torch.randn(2, 9, 24, device=DEV)
+    w = torch.randn(24, 4, device=DEV)
+    state = torch.zeros(2, 24, 3 + 2, device=DEV)
+    y = causal_conv1d_reference(x, w, state, torch.tensor([1, 0]))
+    full = F.silu(F.conv1d(F.pad(x.transpose(1, 2), (3, 0)), w[:, None, :], groups=24)).transpose(1, 2)
+    assert relerr(y, full) < 1e-6
+    assert torch.equal(state[1], x[0, -5:].T) and torch.equal(state[0], x[1, -5:].T)
+
+
+# --- verify kernel ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("B,T,dk,state_dtype,in_dtype", [
+    (1, 1, 16, torch.float32, torch.float32),
+    (3, 5, 32, torch.float16, torch.bfloat16),
+    (2, 4, 16, torch.float32, torch.float16),
+    (3, 2, 32, torch.float32, torch.float32),
+])
+def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype):
+    HV, HK, DV = 4, 2, 32
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, dk, DV, in_dtype, seed=B * 10 + T)
+    n_slots = B * T + 3
+    pool = torch.randn(n_slots, HV, dk, DV, device=DEV).to(state_dtype)
+    slots = torch.randperm(n_slots)[:B * T].view(B, T).to(DEV, torch.int32)
+    # num_accepted 0, > T and in range; in-range garbage must never index outside the T slot columns
+    num_acc = torch.tensor([0, T + 3, max(T - 1, 1)][:B], dtype=torch.int32, device=DEV)
+    if B == 3:
+        slots[1, :] = -1                                   # a padding sequence: zero state, nothing written
+        slots[2, -1] = -1                                  # a padded draft position: state not written
+    ref_pool = pool.clone()
+    ref = gdn_verify_reference(q, k, v, a, b, A_log, dt_bias, ref_pool, slots, num_acc)
+    out = torch.full((B, T, HV, DV), float("nan"), dtype=in_dtype, device=DEV)
+    o = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc, out=out)
+    tol = 1e-5 if in_dtype == torch.float32 else 1e-2
+    assert relerr(o, ref) < tol
+    written = slots[slots >= 0].long()
+    assert relerr(pool[written], ref_pool[written]) < (1e-5 if state_dtype == torch.float32 else 1e-3)
+    untouched = torch.ones(n_slots, dtype=torch.bool)
+    untouched[written.cpu()] = False
+    assert torch.equal(pool[untouched.to(DEV)], ref_pool[untouched.to(DEV)])
+
+
+def test_verify_strided_inputs_and_decode_steps():
+    """q, k, v as views into one conv output row (the layer's layout); T = 1 decode steps in one slot == the
+    whole-sequence recurrence."""
+    HV, HK, D, L = 4, 2, 16, 6
+    B = 2
+    qkv = torch.randn(B, L, 2 * HK * D + HV * D, device=DEV)
+    q, k, v = (t.unflatten(-1, (-1, D)) for t in qkv.split([HK * D, HK * D, HV * D], -1))
+    _, _, _, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, D, D, seed=3)
+    init = torch.randn(B, HV, D, D, device=DEV)
+    ref_o, ref_s = seq_reference(q, k, v, a, b, A_log, dt_bias, init)
+    pool = init.clone()
+    slots = torch.arange(B, dtype=torch.int32, device=DEV)[:, None]
+    ones = torch.ones(B, dtype=torch.int32, device=DEV)
+    o = torch.cat([gdn_verify(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], a[:, t:t + 1], b[:, t:t + 1], A_log,
+                              dt_bias, pool, slots, ones) for t in range(L)], 1)
+    assert relerr(o, ref_o) < 1e-5 and relerr(pool, ref_s) < 1e-5
+
+
+# --- chunked prefill kernel ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("L,chunk,dk,state_dtype", [
+    (37, 64, 16, torch.float32),
+    (50, 16, 32, torch.float32),
+    (70, 32, 16, torch.float16),
+])
+def test_prefill_matches_recurrence(L, chunk, dk, state_dtype):
+    B, HV, HK, DV = 2, 4, 2, 32
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, dk, DV, seed=L)
+    pool = torch.randn(4, HV, dk, DV, device=DEV).to(state_dtype)
+    init_slots = torch.tensor([2, -1], dtype=torch.int32, device=DEV)     # sequence 1 starts from zeros
+    final_slots = torch.tensor([2, 0], dtype=torch.int32, device=DEV)     # sequence 0 in place
+    init = torch.stack([pool[2].float(), torch.zeros_like(pool[2], dtype=torch.float32)])
+    ref_o, ref_s = seq_reference(q, k, v, a, b, A_log, dt_bias, init)
+    before = pool.clone()
+    out = torch.full((B, L, HV, DV), float("nan"), device=DEV)
+    o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, init_slots, final_slots, out=out, chunk=chunk)
+    tol = 1e-4 if state_dtype == torch.float32 else 1e-3           # fp32 rounding of the chunked form
+    assert relerr(o, ref_o) < tol
+    assert relerr(pool[2], ref_s[0]) < tol and relerr(pool[0], ref_s[1]) < tol
+    assert torch.equal(pool[1], before[1]) and torch.equal(pool[3], before[3])
+
+
+# --- conv kernel --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("L,k_drafts,use_na,x_dtype,state_dtype", [
+    (1, 4, True, torch.float32, torch.float32),       # one token through a widened state
+    (5, 4, True, torch.bfloat16, torch.bfloat16),     # the verify shape at k = 4
+    (2, 1, True, torch.float32, torch.float32),
+    (70, 4, True, torch.float32, torch.float32),      # prefill after a verify round: two token tiles
+    (130, 0, False, torch.bfloat16, torch.float32),   # plain prefill, three token tiles
+    (3, 4, False, torch.float32, torch.float32),      # short chunk: part of the old state stays
+])
+def test_conv_matches_reference(L, k_drafts, use_na, x_dtype, state_dtype):
+    B, C, K = 4, 200, 4
+    M = K - 1 + k_drafts
+    x = torch.randn(B, L, C, device=DEV).to(x_dtype)
+    w = torch.randn(C, K, device=DEV)
+    state = torch.randn(5, C, M, device=DEV).to(state_dtype)
+    slots = torch.tensor([3, -1, 0, 4], dtype=torch.int32, device=DEV)
+    na = torch.tensor([0, 1, k_drafts + 7, 2], dtype=torch.int32, device=DEV) if use_na else None
+    ref_state = state.clone()
+    ref = causal_conv1d_reference(x, w, ref_state, slots, na)
+    out = torch.full_like(x, float("nan"))
+    y = causal_conv1d(x, w, state, slots, na, out=out)
+    assert relerr(y, ref) < (1e-5 if x_dtype == torch.float32 else 1e-2)
+    assert torch.equal(state, ref_state)
+
+
+# --- whole speculative rounds: prefill, then verify rounds with random acceptance ---------------------------------
+
+def test_spec_rounds_match_full_sequence():
+    """Conv + GDN of the committed stream over prefill + verify rounds (rejected drafts are garbage) equal the
+    conv + recurrence over the committed stream in one go: slot columns, conv window offsets and the
+    prefill -> verify hand-off (final state into slot column k, num_accepted = k + 1) fit together."""
+    HV, HK, D, K, kd = 4, 2, 16, 4, 3
+    T, C, P, rounds = kd + 1, 2 * HK * D + HV * D, 9, 4
+    gen = torch.Generator().manual_seed(7)
+    N = P + rounds * T
+    x_true = torch.randn(1, N, C, generator=gen).to(DEV)
+    ab_true = torch.randn(1, N, 2, HV, generator=gen).to(DEV)
+    w = torch.randn(C, K, generator=gen).to(DEV)
+    A_log, dt_bias = torch.rand(HV, generator=gen).to(DEV), torch.randn(HV, generator=gen).to(DEV)
+
+    def mixer_inputs(y, ab):
+        q, k, v = (t.unflatten(-1, (-1, D)) for t in y.split([HK * D, HK * D, HV * D], -1))
+        return q, k, v, ab[:, :, 0], ab[:, :, 1]
+
+    conv_state = torch.zeros(1, C, K - 1 + kd, device=DEV)
+    pool = torch.zeros(T, HV, D, D, device=DEV)
+    slots = torch.arange(T, dtype=torch.int32, device=DEV)[None]
+    y = causal_conv1d(x_true[:, :P], w, conv_state, slots[:, 0])
+    outs = [gdn_prefill(*mixer_inputs(y, ab_true[:, :P]), A_log, dt_bias, pool, slots[:, 0], slots[:, kd],
+                        chunk=16)]
+    num_acc = torch.tensor([T], dtype=torch.int32, device=DEV)
+    pos = P
+    while pos + T <= N:
+        acc = int(torch.randint(0, T, (1,), generator=gen))       # accepted drafts
+        x, ab = x_true[:, pos:pos + T].clone(), ab_true[:, pos:pos + T].clone()
+        x[:, acc + 1:] = torch.randn_like(x[:, acc + 1:])          # rejected drafts differ from the stream
+        ab[:, acc + 1:] = torch.randn_like(ab[:, acc + 1:])
+        y = causal_conv1d(x, w, conv_state, slots[:, 0], num_acc)
+        o = gdn_verify(*mixer_inputs(y, ab), A_log, dt_bias, pool, slots, num_acc)
+        outs.append(o[:, :acc + 1])
+        num_acc.fill_(acc + 1)
+        pos += acc + 1
+    full_y = causal_conv1d_reference(x_true[:, :pos], w, torch.zeros(1, C, K - 1, device=DEV),
+                                     torch.zeros(1, dtype=torch.int32))
+    ref_o, _ = seq_reference(*mixer_inputs(full_y, ab_true[:, :pos]), A_log, dt_bias)
+    assert relerr(torch.cat(outs, 1), ref_o) < 1e-5
+
+
+# --- GPU, 27B shapes ----------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_verify_27b():
+    B, T, HV, HK, D = 3, 5, 48, 16, 128
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, D, D, torch.bfloat16)
+    pool = torch.randn(B * T + 1, HV, D, D, device=DEV).half()
+    slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T).flip(1).contiguous()
+    num_acc = torch.tensor([0, 3, 9], dtype=torch.int32, device=DEV)
+    ref_pool = pool.clone()
+    ref = gdn_verify_reference(q, k, v, a, b, A_log, dt_bias, ref_pool, slots, num_acc)
+    o = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc)
+    assert relerr(o, ref) < 1e-2 and relerr(pool, ref_pool) < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_prefill_27b():
+    B, L, HV, HK, D = 1, 300, 48, 16, 128
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, D, D, torch.bfloat16)
+    pool = (0.1 * torch.randn(2, HV, D, D, device=DEV))
+    ref_o, ref_s = seq_reference(q, k, v, a, b, A_log, dt_bias, pool[:1].clone())
+    slot = torch.zeros(1, dtype=torch.int32, device=DEV)
+    o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, slot, slot + 1)
+    # tf32 dots along the state chain; bf16 output
+    assert relerr(o, ref_o) < 1e-2 and relerr(pool[1], ref_s[0]) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("L,use_na", [(5, True), (1000, False)])
+def test_gpu_conv_27b(L, use_na):
+    B, C, K, kd = 2, 10240, 4, 4
+    x = torch.randn(B, L, C, device=DEV).bfloat16()
+    w = torch.randn(C, K, device=DEV).bfloat16()
+    state = torch.randn(B, C, K - 1 + kd, device=DEV).bfloat16()
+    slots = torch.tensor([1, 0], dtype=torch.int32, device=DEV)
+    na = torch.tensor([2, 5], dtype=torch.int32, device=DEV) if use_na else None
+    ref_state = state.clone()
+    ref = causal_conv1d_reference(x, w, ref_state, slots, na)
+    y = causal_conv1d(x, w, state, slots, na)
+    assert relerr(y, ref) < 1e-2 and torch.equal(state, ref_state)
