@@ -1,0 +1,90 @@
+"""Gated DeltaNet kernels at the 27B shapes (Hv 48, Hk 16, dk = dv 128, conv 10240 channels, K 4, k = 4 drafts):
+verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state), conv update (T = 5) and prefill, chunked prefill at
+4k tokens. Bytes counted: verify = read 1 state + write T states + q, k, v, a, b + o; conv = x + y + state read
+and written; prefill = inputs + o + state read and written (its fp32 W/U workspace is overhead, not counted).
+GDN_SWEEP=1 adds launch-configuration sweeps (V-tile, warps)."""
+import itertools
+import os
+
+import torch
+
+from bench.harness import row, time_us
+from kernels.conv1d import causal_conv1d
+from kernels.gdn_chunked import gdn_prefill, prefill_workspace
+from kernels.gdn_recurrent import gdn_verify
+
+HV, HK, D, K, KD = 48, 16, 128, 4, 4
+T = KD + 1
+C = 2 * HK * D + HV * D
+DEV = "cuda"
+
+
+def layer_inputs(B, L):
+    """q, k, v as views into one conv output [B, L, 10240] (the layer's layout), a, b, A_log, dt_bias."""
+    qkv = torch.randn(B, L, C, device=DEV, dtype=torch.bfloat16)
+    q, k, v = (t.unflatten(-1, (-1, D)) for t in qkv.split([HK * D, HK * D, HV * D], -1))
+    a, b = torch.randn(2, B, L, HV, device=DEV, dtype=torch.bfloat16)
+    return q, k, v, a, b, torch.rand(HV, device=DEV), torch.randn(HV, device=DEV)
+
+
+def verify_rows(peak, sweep):
+    out = []
+    for B, sdt in [(1, torch.float16), (8, torch.float16), (64, torch.float16), (1, torch.float32),
+                   (8, torch.float32)]:
+        inputs = layer_inputs(B, T)
+        pool = torch.zeros(B * T, HV, D, D, device=DEV, dtype=sdt)
+        slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T)
+        num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV)
+        o = torch.empty(B, T, HV, D, device=DEV, dtype=torch.bfloat16)
+        state_bytes = (1 + T) * B * HV * D * D * pool.element_size()
+        nbytes = state_bytes + B * T * (C + 2 * HV + HV * D) * 2
+        flops = 8 * B * T * HV * D * D
+        configs = [(None, None)] + (list(itertools.product((16, 32, 64), (1, 2, 4, 8))) if sweep and B == 1 else [])
+        for bv, warps in configs:
+            us = time_us(lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps))
+            name = "gdn_verify" + ("" if bv is None else f"[bv{bv},w{warps}]")
+            out.append(row(name, f"B{B} T{T} state {str(sdt)[6:]}", us, nbytes, flops, peak,
+                           state_frac=round(state_bytes / nbytes, 3)))
+        del pool
+    return out
+
+
+def conv_rows(peak):
+    out = []
+    w = torch.randn(C, K, device=DEV, dtype=torch.bfloat16)
+    for B, L, na in [(1, T, True), (8, T, True), (64, T, True), (1, 4096, False)]:
+        x = torch.randn(B, L, C, device=DEV, dtype=torch.bfloat16)
+        y = torch.empty_like(x)
+        state = torch.randn(B, C, K - 1 + KD, device=DEV, dtype=torch.bfloat16)
+        slots = torch.arange(B, dtype=torch.int32, device=DEV)
+        num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV) if na else None
+        us = time_us(lambda: causal_conv1d(x, w, state, slots, num_acc, out=y))
+        nbytes = 2 * x.numel() * 2 + 2 * state.numel() * 2 + w.numel() * 2
+        out.append(row("conv1d_update" if na else "conv1d_prefill", f"B{B} L{L} C{C}", us, nbytes,
+                       2 * B * L * C * K, peak))
+    return out
+
+
+def prefill_rows(peak, sweep, L=4096):
+    q, k, v, a, b, A_log, dt_bias = layer_inputs(1, L)
+    pool = torch.zeros(2, HV, D, D, device=DEV)
+    init, final = torch.tensor([0], dtype=torch.int32, device=DEV), torch.tensor([1], dtype=torch.int32, device=DEV)
+    o = torch.empty(1, L, HV, D, device=DEV, dtype=torch.bfloat16)
+    ws = prefill_workspace(1, L, HV, D, D, DEV)
+    nbytes = L * (C + 2 * HV) * 2 + o.numel() * 2 + 2 * pool[0].numel() * 4
+    ch = 64
+    flops = 2 * (L // ch) * HV * (3 * ch * D * D + 3 * ch * ch * D + 2 * ch * ch * D + ch ** 3)
+    configs = [(None, (4, 4))] + (list(itertools.product((32, 64), ((4, 4), (8, 4), (4, 8), (8, 8))))
+                                  if sweep else [])
+    out = []
+    for bv, warps in configs:
+        us = time_us(lambda: gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, init, final, out=o, workspace=ws,
+                                         block_v=bv, num_warps=warps), reps=5, trials=3)
+        name = "gdn_prefill" + ("" if bv is None else f"[bv{bv},w{warps[0]}/{warps[1]}]")
+        out.append(row(name, f"B1 L{L} state fp32", us, nbytes, flops, peak))
+    return out
+
+
+def run(peak_Bps):
+    sweep = os.environ.get("GDN_SWEEP") == "1"
+    return verify_rows(peak_Bps, sweep) + conv_rows(peak_Bps) + prefill_rows(peak_Bps, sweep)
