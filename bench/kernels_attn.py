@@ -1,0 +1,137 @@
+"""Attention kernels at the 27B shapes (Hq 24, Hkv 4, D 256): split-KV verify (q_len 5) over fp8 / bf16 KV for
+B ∈ {1, 8, 64} × ctx {1.5k, 16k, 64k}, torch SDPA as the peer at B = 1, the KV writer and prefill.
+Bytes counted: the KV the attention must read (all kv_lens × Hkv × D × 2 tensors) plus q and out; partials and
+the combine are overhead. ATTN_SWEEP=1 adds a launch-configuration sweep (tiles, warps, segments)."""
+import itertools
+import os
+
+import torch
+import torch.nn.functional as F
+
+from bench.harness import row, time_us
+from kernels.attention_prefill import prefill_attention
+from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
+                                      kv_format, verify_attention)
+from kernels.kv_write import write_kv
+
+HQ, HKV, D, Q_LEN = 24, 4, 256, 5
+BATCHES, CONTEXTS = (1, 8, 64), (1536, 16384, 65536)
+DEV = "cuda"
+FMT_NAME = {KV_BF16: "bf16", KV_FP8_BITS: "fp8-bits", KV_FP8_NATIVE: "fp8-native"}
+
+
+def make_case(B, ctx, fp8):
+    """Caches with B full slots of ctx tokens (e4m3 codes without NaN: bit 6 cleared, |x| < 2), inputs, outputs."""
+    shape = (B, HKV, ctx, D)
+    if fp8:
+        kc = torch.randint(0, 256, shape, dtype=torch.uint8, device=DEV) & 0xBF
+        vc = torch.randint(0, 256, shape, dtype=torch.uint8, device=DEV) & 0xBF
+    else:
+        kc = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
+        vc = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
+    scales = torch.full((HKV,), 0.05, device=DEV)
+    rows = torch.arange(B, dtype=torch.int32, device=DEV)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device=DEV)
+    q = torch.randn(B, Q_LEN, HQ, D, device=DEV, dtype=torch.bfloat16)
+    return q, kc, vc, scales, scales, rows, lens
+
+
+def verify_bytes(B, ctx, elem):
+    return B * ctx * HKV * D * 2 * elem + 2 * B * Q_LEN * HQ * D * 2
+
+
+def time_verify(case, nseg, partials, **kw):
+    q, kc, vc, ks, vs, rows, lens = case
+    out = torch.empty_like(q)
+    return time_us(lambda: verify_attention(q, kc, vc, ks, vs, rows, lens, out, partials, nseg, **kw))
+
+
+def verify_rows(peak, sms):
+    rows_out = []
+    for B, ctx in itertools.product(BATCHES, CONTEXTS):
+        nseg = choose_nseg(B, HKV, sms)
+        partials = alloc_partials(B, HQ, 8, 64, D, DEV)
+        case = make_case(B, ctx, fp8=True)
+        fmts = [kv_format(case[1])] + ([KV_FP8_BITS] if kv_format(case[1]) != KV_FP8_BITS else [])
+        for fmt in fmts:
+            us = time_verify(case, nseg, partials, kv_fmt=fmt)
+            rows_out.append(row(f"attn_verify[{FMT_NAME[fmt]}]", f"B{B} ctx{ctx} q{Q_LEN}", us, verify_bytes(B, ctx, 1),
+                                4 * B * Q_LEN * HQ * ctx * D, peak, nseg=nseg))
+        del case
+        if B == 1:
+            case = make_case(B, ctx, fp8=False)
+            us = time_verify(case, nseg, partials)
+            rows_out.append(row("attn_verify[bf16]", f"B1 ctx{ctx} q{Q_LEN}", us, verify_bytes(1, ctx, 2),
+                                4 * Q_LEN * HQ * ctx * D, peak, nseg=nseg))
+            rows_out.append(sdpa_row(case, ctx, peak))
+            del case
+        torch.cuda.empty_cache()
+    return rows_out
+
+
+def sdpa_row(case, ctx, peak):
+    """Peer: torch SDPA on bf16 KV expanded to the 24 q heads (its fused kernels take no GQA), causal mask for
+    the last 5 positions; bytes counted as for our bf16 kernel, so frac_peak compares the same work."""
+    q, kc, vc = case[0], case[1][:1], case[2][:1]
+    k, v = kc.repeat_interleave(HQ // HKV, 1), vc.repeat_interleave(HQ // HKV, 1)  # [1, Hq, ctx, D]
+    qt = q.transpose(1, 2)  # [1, Hq, 5, D]
+    mask = torch.arange(ctx, device=DEV)[None, :] <= (ctx - Q_LEN + torch.arange(Q_LEN, device=DEV))[:, None]
+    try:
+        us = time_us(lambda: F.scaled_dot_product_attention(qt, k, v, attn_mask=mask))
+    except RuntimeError as e:  # a backend refusing graph capture must not sink the whole suite
+        print("sdpa failed:", e)
+        us = float("nan")
+    return row("torch_sdpa[bf16, kv expanded]", f"B1 ctx{ctx} q{Q_LEN}", us, verify_bytes(1, ctx, 2),
+               4 * Q_LEN * HQ * ctx * D, peak)
+
+
+def sweep_rows(peak):
+    """Launch configurations of the fp8 verify kernel: format × BLOCK_N × warps × stages × segments."""
+    rows_out = []
+    partials = alloc_partials(64, HQ, 8, 128, D, DEV)
+    configs = [(KV_FP8_NATIVE, bn, nw, ns) for bn, nw, ns in itertools.product((32, 64), (4, 8), (2, 3))]
+    configs += [(KV_FP8_BITS, bn, nw, 2) for bn, nw in itertools.product((32, 64), (4, 8))]
+    for ctx in (1536, 16384):
+        case = make_case(1, ctx, fp8=True)
+        for (fmt, bn, nw, ns), nseg in itertools.product(configs, (16, 32, 64, 128)):
+            us = time_verify(case, nseg, partials, kv_fmt=fmt, block_n=bn, num_warps=nw, num_stages=ns)
+            rows_out.append(row(f"sweep[{FMT_NAME[fmt]}]", f"B1 ctx{ctx} bn{bn} w{nw} s{ns} nseg{nseg}", us,
+                                verify_bytes(1, ctx, 1), 0, peak))
+    for B in (8, 64):
+        case = make_case(B, 16384, fp8=True)
+        for nseg in (1, 2, 4, 8, 16):
+            us = time_verify(case, nseg, partials)
+            rows_out.append(row("sweep[default fmt]", f"B{B} ctx16384 nseg{nseg}", us, verify_bytes(B, 16384, 1),
+                                0, peak))
+        del case
+    return rows_out
+
+
+def write_and_prefill_rows(peak):
+    rows_out = []
+    B, n_new = 64, Q_LEN
+    case = make_case(B, 2048, fp8=True)
+    _, kc, vc, ks, vs, rows, lens = case
+    k = torch.randn(B, n_new, HKV, D, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    us = time_us(lambda: write_kv(k, v, kc, vc, ks, vs, rows, lens))
+    rows_out.append(row("kv_write[fp8]", f"B{B} n{n_new}", us, B * n_new * HKV * D * (2 * 2 + 2), 0, peak))
+    for T, fp8 in ((2048, True), (2048, False)):
+        q, kc, vc, ks, vs, rows, lens = make_case(1, T, fp8)
+        out = torch.empty(1, T, HQ, D, device=DEV, dtype=torch.bfloat16)
+        q = torch.randn_like(out)
+        us = time_us(lambda: prefill_attention(q, kc, vc, ks, vs, rows, lens, out))
+        flops = 4 * HQ * D * T * (T + 1) / 2
+        rows_out.append(row(f"attn_prefill[{'fp8' if fp8 else 'bf16'}]", f"B1 T{T} from 0", us,
+                            T * HKV * D * 2 * (1 if fp8 else 2) + 2 * T * HQ * D * 2, flops, peak,
+                            TFLOPs=round(flops / us / 1e6, 1)))
+    return rows_out
+
+
+def run(peak_Bps):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows_out = verify_rows(peak_Bps, sms) + write_and_prefill_rows(peak_Bps)
+    if os.environ.get("ATTN_SWEEP") == "1":
+        rows_out += sweep_rows(peak_Bps)
+    return rows_out
+

@@ -1,0 +1,15 @@
+"""Causal GQA prefill attention starting from cached KV: T new tokens per sequence attend to everything already
+in the cache plus themselves (write them first with kernels/kv_write.py, so kv_lens counts them).
+
+It is the split-KV verify kernel (kernels/attention_verify.py) launched with one KV segment and several row
+tiles: each tile packs BLOCK_M / G tokens × the G q heads of one kv head, and stops its KV loop at its last
+token's causal limit. Plain-torch reference: attention_verify.attention_ref (same semantics)."""
+from kernels.attention_verify import attend
+
+
+def prefill_attention(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, block_m=64, block_n=32,
+                      num_warps=8, **kw):
+    """q, out [B, T, Hq, D]: token t of row b sits at position kv_lens[b] - T + t. Caches, scales, rows: see
+    attention_verify.attend. At D 256, 64 × 32 tiles keep q + K + V in shared memory under sm_86's 99 KiB."""
+    return attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, nseg=1, block_m=block_m,
+                  block_n=block_n, num_warps=num_warps, **kw)

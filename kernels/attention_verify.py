@@ -1,0 +1,245 @@
+"""Split-KV attention for verify/decode (q_len = 1…8 new tokens per sequence) over the KV cache, plus the LSE
+combine of the KV segments (ENGINE.md §4, fp8 KV §5). The same kernel, with one segment and several row tiles,
+is the prefill kernel (kernels/attention_prefill.py). Cache layout: kernels/kv_write.py.
+
+GQA packing: one program owns one kv head and a tile of BLOCK_M packed rows of one sequence; packed row r is
+query token r // G of q head kvh·G + r % G, so a 5-token verify at G = 6 is a single 32-row tile and K/V are read
+once for all six heads. Token i of a row with q_len new tokens sees key positions <= kv_len - q_len + i.
+Program (b·n_tiles + tile, kvh, seg) covers key positions [seg·S, (seg+1)·S), S = per-sequence segment length,
+and writes unnormalised acc[D], running max m (log2 units) and sum l to partials[b, h, i, seg] (fp32, D + 2);
+the combine kernel merges them: O = Σ 2^(m_s−m*)·acc_s / Σ 2^(m_s−m*)·l_s. With one segment the kernel
+normalises and writes the output itself (no partials, no combine launch).
+KV formats: bf16, or e4m3 codes decoded with integer bit operations (any GPU; kernels/fp8.py) or with the
+native conversion (sm_89+). K and V scales are applied to fp32 scores and to acc, never to the 8-bit tiles."""
+import functools
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.fp8 import E4M3_BITS_UNIT, decode_e4m3_ref, e4m3_decode
+
+KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE = 0, 1, 2
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_NEG = tl.constexpr(-1.0e30)  # "no key seen yet": finite, so fully masked rows give 2^(-inf - NEG) = 0, never NaN
+
+
+@triton.jit
+def _segment_len(kv_len, nseg, BLOCK_N: tl.constexpr):
+    # keys per segment for one sequence: a whole number of tiles, at least one
+    return tl.maximum(tl.cdiv(tl.cdiv(kv_len, nseg), BLOCK_N), 1) * BLOCK_N
+
+
+@triton.jit
+def _load_kv(ptrs, mask, KV_FMT: tl.constexpr):
+    # one K or V tile -> the dot operand type: bf16 as stored, fp8 -> fp16 (value·2^-8 for the bit decode)
+    raw = tl.load(ptrs, mask=mask, other=0)
+    if KV_FMT == 1:
+        return e4m3_decode(raw)
+    elif KV_FMT == 2:
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    else:
+        return raw
+
+
+@triton.jit
+def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, out_ptr, part_ptr,
+                   q_len, nseg, n_tiles, qk_scale,
+                   s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, s_cs, s_ch, s_cn, s_pb, s_ph, s_pt, s_ps,
+                   G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   KV_FMT: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr):
+    # q, out [B, q_len, Hq, D] (D contiguous); k/v cache [slots, Hkv, max_len, D]; k/v scales [Hkv] fp32;
+    # cache_rows, kv_lens [B] int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 (SPLIT only).
+    # Grid (B * n_tiles, Hkv, nseg).
+    b = tl.program_id(0) // n_tiles
+    tile = tl.program_id(0) % n_tiles
+    kvh = tl.program_id(1)
+    seg = tl.program_id(2)
+    slot = tl.load(rows_ptr + b)
+    kv_len = tl.where(slot >= 0, tl.load(lens_ptr + b), 0)  # padding rows attend to nothing and output 0
+    seg_len = _segment_len(kv_len, nseg, BLOCK_N)
+    start = seg * seg_len
+    # segments past the end are skipped; the combine stops at the same count. Without a split, always write.
+    if (start < kv_len) | (nseg == 1):
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        tok = offs_m // G
+        head = kvh * G + offs_m % G
+        row_ok = offs_m < q_len * G
+        offs_d = tl.arange(0, D)
+        DT: tl.constexpr = tl.bfloat16 if KV_FMT == 0 else tl.float16
+        q = tl.load(q_ptr + b * s_qb + tok[:, None] * s_qt + head[:, None] * s_qh + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0).to(DT)
+        if DOT_FP32:  # the interpreter multiplies bf16 bit patterns in tl.dot (ENGINE.md §7)
+            q = q.to(tl.float32)
+        if KV_FMT == 0:
+            k_unit = 1.0
+            v_unit = 1.0
+        else:
+            unit = E4M3_BITS_UNIT if KV_FMT == 1 else 1.0
+            k_unit = tl.load(ks_ptr + kvh) * unit
+            v_unit = tl.load(vs_ptr + kvh) * unit
+        score_scale = qk_scale * k_unit
+        last = kv_len - q_len + tok  # causal limit of each row
+        # keys past this tile's last row's limit are never needed (prefill tiles stop early)
+        hi = tl.minimum(start + seg_len, kv_len - q_len + tl.minimum((tile + 1) * BLOCK_M - 1, q_len * G - 1) // G + 1)
+        k_base = kc_ptr + slot.to(tl.int64) * s_cs + kvh * s_ch
+        v_base = vc_ptr + slot.to(tl.int64) * s_cs + kvh * s_ch
+
+        m_i = tl.full([BLOCK_M], _NEG, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for n0 in range(start, hi, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            in_kv = offs_n < hi
+            kv_offs = offs_n[:, None] * s_cn + offs_d[None, :]
+            k = _load_kv(k_base + kv_offs, in_kv[:, None], KV_FMT)
+            v = _load_kv(v_base + kv_offs, in_kv[:, None], KV_FMT)
+            if DOT_FP32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k)) * score_scale
+            s = tl.where((offs_n[None, :] <= last[:, None]) & in_kv[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        acc = acc * v_unit
+
+        if SPLIT:
+            p_row = part_ptr + b * s_pb + head * s_ph + tok * s_pt + seg * s_ps
+            tl.store(p_row[:, None] + offs_d[None, :], acc, mask=row_ok[:, None])
+            tl.store(p_row + D, m_i, mask=row_ok)
+            tl.store(p_row + D + 1, l_i, mask=row_ok)
+        else:
+            o = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
+            o_ptrs = out_ptr + b * s_ob + tok[:, None] * s_ot + head[:, None] * s_oh + offs_d[None, :]
+            tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, nseg, Hq,
+                    s_pb, s_ph, s_pt, s_ps, s_ob, s_ot, s_oh,
+                    D: tl.constexpr, BLOCK_N: tl.constexpr, SEG_P2: tl.constexpr, BLOCK_D: tl.constexpr):
+    # partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 -> out [B, q_len, Hq, D].
+    # Grid (B, q_len * Hq, D // BLOCK_D): one (row, token, head) and a BLOCK_D slice of the head dim.
+    b = tl.program_id(0)
+    t = tl.program_id(1) // Hq
+    h = tl.program_id(1) % Hq
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    slot = tl.load(rows_ptr + b)
+    kv_len = tl.where(slot >= 0, tl.load(lens_ptr + b), 0)
+    n_used = tl.cdiv(kv_len, _segment_len(kv_len, nseg, BLOCK_N))
+    offs_s = tl.arange(0, SEG_P2)
+    s_ok = offs_s < n_used
+    base = part_ptr + b * s_pb + h * s_ph + t * s_pt + offs_s * s_ps
+    m = tl.load(base + D, mask=s_ok, other=_NEG)
+    l = tl.load(base + D + 1, mask=s_ok, other=0.0)
+    w = tl.where(s_ok, tl.exp2(m - tl.max(m, 0)), 0.0)
+    total = tl.sum(w * l, 0)
+    acc = tl.load(base[:, None] + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    o = tl.sum(acc * w[:, None], 0)
+    o = tl.where(total > 0, o / total, 0.0)
+    tl.store(out_ptr + b * s_ob + t * s_ot + h * s_oh + offs_d, o.to(out_ptr.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=None)
+def _native_fp8(device_index: int) -> bool:
+    return not _INTERPRET and torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+def kv_format(k_cache: torch.Tensor, native=None) -> int:
+    """KV_BF16 for a bf16 cache; for e4m3 codes the native conversion where the GPU has one (or as asked)."""
+    if k_cache.dtype == torch.bfloat16:
+        return KV_BF16
+    assert k_cache.dtype in (torch.uint8, torch.float8_e4m3fn), k_cache.dtype
+    if native is None:
+        native = k_cache.is_cuda and _native_fp8(k_cache.device.index or 0)
+    return KV_FP8_NATIVE if native else KV_FP8_BITS
+
+
+def alloc_partials(batch_max: int, num_q_heads: int, q_max: int, nseg_max: int, head_dim: int, device):
+    """Split-KV partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32. Allocate once, before any graph capture:
+    captured graphs hold its address."""
+    return torch.empty(batch_max, num_q_heads, q_max, nseg_max, head_dim + 2, dtype=torch.float32, device=device)
+
+
+def choose_nseg(batch: int, num_kv_heads: int, num_sms: int, nseg_max: int = 64) -> int:
+    """KV segments per (sequence, kv head) for a batch bucket: about two programs per SM when contexts are long;
+    short contexts use fewer automatically (a segment is at least one tile)."""
+    return max(1, min(nseg_max, math.ceil(2 * num_sms / (batch * num_kv_heads))))
+
+
+def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials=None, nseg=1,
+           block_m=None, block_n=None, kv_fmt=None, num_warps=4, num_stages=2):
+    """Attention of the q_len new tokens of each row over its cache (which already holds them).
+    q, out [B, q_len, Hq, D]; caches [slots, Hkv, max_len, D] (uint8 e4m3 codes or bf16); scales [Hkv] fp32
+    (None for bf16); cache_rows, kv_lens [B] int32; partials from alloc_partials when nseg > 1.
+    block_m None packs all q_len·G rows in one tile (verify); prefill passes a tile size."""
+    B, q_len, hq, D = q.shape
+    hkv = k_cache.shape[1]
+    G = hq // hkv
+    assert hq == G * hkv and D == triton.next_power_of_2(D) and q.stride(-1) == 1 and out.stride(-1) == 1
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and k_cache.shape[-1] == D
+    fmt = kv_format(k_cache) if kv_fmt is None else kv_fmt
+    if fmt != KV_BF16:
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    else:
+        k_scale = v_scale = cache_rows  # unused pointer arguments
+    rows = q_len * G
+    block_m = block_m or max(16, triton.next_power_of_2(rows))
+    block_n = block_n or (64 if block_m <= 32 or D <= 128 else 32)
+    n_tiles = triton.cdiv(rows, block_m)
+    split = nseg > 1
+    if split:
+        assert n_tiles == 1 and partials is not None, "split-KV is for single-tile (verify) launches"
+        assert partials.shape[0] >= B and partials.shape[1] == hq and partials.shape[2] >= q_len
+        assert partials.shape[3] >= nseg and partials.shape[4] == D + 2
+    part = partials if split else out
+    s_part = partials.stride()[:4] if split else (0, 0, 0, 0)
+    _attend_kernel[(B * n_tiles, hkv, nseg)](
+        q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part,
+        q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D),
+        *q.stride()[:3], *out.stride()[:3], *k_cache.stride()[:3], *s_part,
+        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, DOT_FP32=_INTERPRET,
+        num_warps=num_warps, num_stages=num_stages)
+    if split:
+        block_d = min(D, 64)
+        _combine_kernel[(B, q_len * hq, D // block_d)](
+            partials, cache_rows, kv_lens, out, nseg, hq, *s_part, *out.stride()[:3],
+            D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d)
+    return out
+
+
+def verify_attention(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials, nseg, **kw):
+    """Split-KV verify/decode attention: q, out [B, q_len ≤ 8, Hq, D]; see `attend` for the other arguments."""
+    return attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials, nseg, **kw)
+
+
+def dequantize_kv(cache, scale, slot: int, length: int) -> torch.Tensor:
+    """fp32 [Hkv, length, D] of one slot of a cache (e4m3 codes times the per-head scale, or bf16)."""
+    if cache.dtype == torch.bfloat16:
+        return cache[slot, :, :length].float()
+    return decode_e4m3_ref(cache.view(torch.uint8)[slot, :, :length], scale.view(-1, 1, 1))
+
+
+def attention_ref(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens) -> torch.Tensor:
+    """Plain-torch reference of `attend`: dequantised KV, fp32 softmax. Returns fp32 [B, q_len, Hq, D]."""
+    B, q_len, hq, D = q.shape
+    G = hq // k_cache.shape[1]
+    out = torch.zeros(B, q_len, hq, D, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        slot, length = int(cache_rows[b]), int(kv_lens[b])
+        if slot < 0:
+            continue
+        k = dequantize_kv(k_cache, k_scale, slot, length).repeat_interleave(G, 0)  # [Hq, L, D]: head h -> h // G
+        v = dequantize_kv(v_cache, v_scale, slot, length).repeat_interleave(G, 0)
+        s = torch.einsum("thd,hld->htl", q[b].float(), k) / math.sqrt(D)
+        pos = torch.arange(length, device=q.device)
+        allowed = pos[None, :] <= (length - q_len + torch.arange(q_len, device=q.device))[:, None]  # [t, L]
+        p = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)
+        out[b] = torch.einsum("htl,hld->thd", p, v)
+    return out

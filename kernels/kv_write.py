@@ -1,0 +1,79 @@
+"""Write new K/V tokens into the attention KV cache, quantising to fp8 e4m3 on the way in.
+
+KV cache layout (one pair per full-attention layer, shared by every kernel in kernels/attention_*.py):
+  k_cache, v_cache  [num_slots, Hkv, max_len, D]   uint8 (e4m3 codes) or bf16; one slot per resident sequence
+  k_scale, v_scale  [Hkv] fp32                      per-(layer, kv-head) static scales; stored code = x / scale
+  cache_rows        [B] int32                       slot of batch row b; < 0 marks a padding row (skipped)
+  kv_lens           [B] int32                       tokens in the cache for row b INCLUDING the new ones, so the
+                                                    n new tokens of row b sit at positions kv_len - n … kv_len - 1
+Contiguous D and max_len make one token of one head a contiguous D-vector and a KV tile a dense 2-D block."""
+import torch
+import triton
+import triton.language as tl
+
+from kernels.fp8 import e4m3_encode, encode_e4m3_ref
+
+
+@triton.jit
+def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, n_new,
+                     s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_cs, s_ch, s_cn,
+                     D: tl.constexpr, FP8: tl.constexpr):
+    # k, v: [B, n_new, Hkv, D] (strides s_*b, s_*t, s_*h; D contiguous); caches [slots, Hkv, max_len, D]
+    # (k and v caches share strides s_c*). Grid (B * n_new, Hkv): one token of one kv head per program.
+    b = tl.program_id(0) // n_new
+    t = tl.program_id(0) % n_new
+    h = tl.program_id(1)
+    slot = tl.load(rows_ptr + b)
+    if slot >= 0:
+        pos = tl.load(lens_ptr + b) - n_new + t
+        offs = tl.arange(0, D)
+        k = tl.load(k_ptr + b * s_kb + t * s_kt + h * s_kh + offs).to(tl.float32)
+        v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs).to(tl.float32)
+        dst = slot.to(tl.int64) * s_cs + h * s_ch + pos.to(tl.int64) * s_cn + offs
+        if FP8:
+            # exact division so the codes match torch's reference cast bit for bit
+            k = e4m3_encode(tl.div_rn(k, tl.load(ks_ptr + h)))
+            v = e4m3_encode(tl.div_rn(v, tl.load(vs_ptr + h)))
+        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty))
+        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty))
+
+
+def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):
+    """k_new, v_new [B, n_new, Hkv, D] -> caches at positions kv_lens[b] - n_new … kv_lens[b] - 1 of slot
+    cache_rows[b]. fp8 (uint8) caches store e4m3(x / scale); bf16 caches ignore the scales (pass None)."""
+    B, n_new, hkv, D = k_new.shape
+    assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    assert k_cache.stride(-1) == 1 and k_cache.shape[1] == hkv and k_cache.shape[3] == D
+    fp8 = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)
+    if fp8:
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    else:
+        k_scale = v_scale = cache_rows  # unused placeholders for the pointer arguments
+    _kv_write_kernel[(B * n_new, hkv)](
+        k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, n_new,
+        *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3], D=D, FP8=fp8)
+
+
+def write_kv_ref(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):
+    """Plain-torch reference of write_kv (same arguments, writes in place)."""
+    n_new = k_new.shape[1]
+    fp8 = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)
+    for b in range(k_new.shape[0]):
+        slot = int(cache_rows[b])
+        if slot < 0:
+            continue
+        end = int(kv_lens[b])
+        for new, cache, scale in ((k_new, k_cache, k_scale), (v_new, v_cache, v_scale)):
+            x = new[b].transpose(0, 1)  # [Hkv, n_new, D]
+            if fp8:
+                cache.view(torch.uint8)[slot, :, end - n_new:end] = encode_e4m3_ref(x, scale.view(-1, 1, 1))
+            else:
+                cache[slot, :, end - n_new:end] = x.to(cache.dtype)
+
+
+def kv_scales_from(k, v):
+    """Per-kv-head scales from sample K/V [..., Hkv, D] using the vLLM on-the-fly rule (max|k|/200, max|v|/100,
+    ENGINE.md §5), clamped away from zero; a calibration pass would replace these."""
+    amax = lambda x: x.float().abs().flatten(0, -3).amax(dim=(0, 2)).clamp_min(1e-6)  # noqa: E731
+    return (amax(k) / 200.0).contiguous(), (amax(v) / 100.0).contiguous()
+

@@ -1,0 +1,220 @@
+"""fp8 e4m3 codec, KV writer, split-KV verify attention and prefill attention against their plain-torch
+references. CPU: Triton interpreter at tiny shapes; GPU (@gpu): the 27B shapes (Hq 24, Hkv 4, D 256)."""
+import math
+
+import pytest
+import torch
+
+from kernels.attention_prefill import prefill_attention
+from kernels.attention_verify import (KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, attention_ref, choose_nseg,
+                                      verify_attention)
+from kernels.fp8 import decode_e4m3, decode_e4m3_ref, encode_e4m3, encode_e4m3_ref
+from kernels.kv_write import kv_scales_from, write_kv, write_kv_ref
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+ALL_CODES = torch.arange(256, dtype=torch.uint8)
+NAN_CODES = (0x7F, 0xFF)
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def max_rel(out, ref):
+    return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+def random_cache(slots, hkv, max_len, D, fp8, gen):
+    """Poisoned beyond what the tests fill: random e4m3 codes (NaN codes excluded) or bf16 normals."""
+    if fp8:
+        codes = torch.randint(0, 256, (slots, hkv, max_len, D), dtype=torch.uint8, generator=gen)
+        codes[(codes & 0x7F) == 0x7F] ^= 0x01  # no NaN codes: a cache written by write_kv never holds them
+        return codes.to(DEV)
+    return torch.randn(slots, hkv, max_len, D, generator=gen).bfloat16().to(DEV)
+
+
+def setup(B, q_len, hq, hkv, D, lens, fp8, seed=0, max_len=None, slots=None):
+    gen = torch.Generator().manual_seed(seed)
+    max_len = max_len or max(lens) + 3
+    slots = slots or B + 2
+    kc, vc = (random_cache(slots, hkv, max_len, D, fp8, gen) for _ in range(2))
+    ks, vs = ((torch.rand(hkv, generator=gen) + 0.25).to(DEV) if fp8 else None for _ in range(2))
+    rows = torch.randperm(slots, generator=gen)[:B].to(torch.int32).to(DEV)
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    q = torch.randn(B, q_len, hq, D, generator=gen).bfloat16().to(DEV)
+    return q, kc, vc, ks, vs, rows, kv_lens
+
+
+# ---- fp8 e4m3 codec ----------------------------------------------------------------------------------------
+
+def test_e4m3_decode_all_codes():
+    out = decode_e4m3(ALL_CODES.to(DEV), 1.0).cpu()
+    ref = decode_e4m3_ref(ALL_CODES)
+    finite = ~ref.isnan()
+    assert torch.equal(out[finite], ref[finite])  # bit-exact incl. subnormals and ±0
+    assert out[0x80].signbit() and not out[0].signbit()
+    assert out[list(NAN_CODES)].tolist() == [480.0, -480.0]  # documented: NaN codes decode to ±480
+    assert torch.equal(decode_e4m3(ALL_CODES.to(DEV), 0.375).cpu()[finite], ref[finite] * 0.375)
+
+
+def test_e4m3_encode_matches_torch():
+    values = decode_e4m3_ref(ALL_CODES)
+    values = values[~values.isnan()]
+    grid = values[values >= 0].sort().values
+    mids = (grid[1:] + grid[:-1]) / 2  # exact ties: must round to the even code
+    gen = torch.Generator().manual_seed(1)
+    x = torch.cat([values, mids, -mids, mids + 1e-7 * mids, torch.randn(20000, generator=gen) * 60,
+                   torch.randn(5000, generator=gen) * 3e-3,  # subnormal range
+                   torch.tensor([448.0, 449.0, 464.0, 480.0, 1e6, -1e6, 0.0, -0.0, 2.0 ** -10, 2.0 ** -9 * 0.5])])
+    for scale in (1.0, 0.37):
+        out = encode_e4m3(x.to(DEV), scale).cpu()
+        ref = encode_e4m3_ref(x, scale)
+        assert torch.equal(out, ref), x[out != ref][:8]
+        assert not any((out == c).any() for c in NAN_CODES)  # saturates to ±448, never NaN
+
+
+# ---- KV writer -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_write_kv_matches_reference(fp8):
+    B, n_new, hkv, D = 3, 4, 2, 32
+    gen = torch.Generator().manual_seed(2)
+    kc, vc = (random_cache(5, hkv, 40, D, fp8, gen) for _ in range(2))
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    k = (torch.randn(B, n_new, hkv, D, generator=gen) * 3).bfloat16().to(DEV)
+    v = torch.randn(B, n_new, hkv, D, generator=gen).bfloat16().to(DEV)
+    ks, vs = kv_scales_from(k, v) if fp8 else (None, None)
+    rows = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEV)  # row 1 is padding: must not write
+    lens = torch.tensor([n_new, 17, 39], dtype=torch.int32, device=DEV)
+    write_kv(k, v, kc, vc, ks, vs, rows, lens)
+    write_kv_ref(k, v, kc_ref, vc_ref, ks, vs, rows, lens)
+    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+
+
+def test_write_kv_round_trip():
+    B, n_new, hkv, D = 2, 3, 2, 16
+    gen = torch.Generator().manual_seed(3)
+    kc, vc = (random_cache(2, hkv, 8, D, True, gen) for _ in range(2))
+    k = (torch.randn(B, n_new, hkv, D, generator=gen) * 5).bfloat16().to(DEV)
+    v = torch.randn(B, n_new, hkv, D, generator=gen).bfloat16().to(DEV)
+    ks, vs = kv_scales_from(k, v)
+    rows = torch.tensor([1, 0], dtype=torch.int32, device=DEV)
+    lens = torch.tensor([n_new, 8], dtype=torch.int32, device=DEV)
+    write_kv(k, v, kc, vc, ks, vs, rows, lens)
+    for new, cache, scale in ((k, kc, ks), (v, vc, vs)):
+        for b, (slot, end) in enumerate(zip(rows.tolist(), lens.tolist())):
+            back = decode_e4m3_ref(cache[slot, :, end - n_new:end], scale.view(-1, 1, 1)).transpose(0, 1)
+            x = new[b].float()
+            # e4m3 keeps 3 mantissa bits: relative rounding error <= 2^-4 for normals, plus the subnormal step
+            assert ((back - x).abs() <= x.abs() / 16 + scale.view(-1, 1) * 2.0 ** -10).all()
+
+
+# ---- attention -------------------------------------------------------------------------------------------
+
+VERIFY_CASES = [  # B, q_len, Hq, Hkv, D, kv_lens, nseg, fp8, block_n
+    (3, 5, 4, 2, 32, [37, 96, 5], 3, True, 16),
+    (3, 5, 4, 2, 32, [37, 96, 5], 1, True, 16),
+    (3, 5, 6, 2, 16, [64, 17, 81], 4, False, 16),  # G = 3: packed rows straddle heads unevenly
+    (2, 1, 4, 2, 16, [1, 100], 4, True, 16),
+    (2, 3, 4, 2, 16, [50, 3], 2, False, 32),
+    (1, 8, 4, 2, 32, [45], 2, True, 16),  # 16 packed rows
+]
+
+
+@pytest.mark.parametrize("B,q_len,hq,hkv,D,lens,nseg,fp8,block_n", VERIFY_CASES)
+def test_verify_attention(B, q_len, hq, hkv, D, lens, nseg, fp8, block_n):
+    q, kc, vc, ks, vs, rows, kv_lens = setup(B, q_len, hq, hkv, D, lens, fp8)
+    out = torch.full_like(q, float("nan"))
+    partials = alloc_partials(B + 1, hq, 8, 4, D, DEV).fill_(float("nan"))
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, block_n=block_n)
+    ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
+
+
+def test_verify_padding_row_outputs_zero():
+    q, kc, vc, ks, vs, rows, kv_lens = setup(2, 2, 4, 2, 16, [20, 33], True)
+    rows[0] = -1
+    out = torch.full_like(q, float("nan"))
+    for nseg in (1, 3):
+        verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(2, 4, 2, 3, 16, DEV), nseg,
+                         block_n=16)
+        assert (out[0] == 0).all()
+        assert rel_err(out[1], attention_ref(q, kc, vc, ks, vs, rows, kv_lens)[1]) < 1e-2
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_prefill_attention(fp8):
+    # 2 sequences, 20 new tokens each after 31 / 0 cached ones; G = 3 → 60 packed rows = 4 tiles of 16
+    q, kc, vc, ks, vs, rows, kv_lens = setup(2, 20, 6, 2, 16, [51, 20], fp8)
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, kc, vc, ks, vs, rows, kv_lens, out, block_m=16, block_n=16, num_warps=4)
+    ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
+
+
+def test_choose_nseg():
+    assert choose_nseg(1, 4, 132) == 64 and choose_nseg(8, 4, 132) == 9 and choose_nseg(64, 4, 132) == 2
+    assert choose_nseg(512, 4, 82) == 1
+
+
+# ---- GPU, 27B shapes -------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_fmt", [None, KV_FP8_BITS, KV_FP8_NATIVE])
+@pytest.mark.parametrize("nseg", [1, 7, 64])
+def test_verify_attention_27b(kv_fmt, nseg):
+    fp8 = kv_fmt is not None
+    lens = [1536, 16384, 5, 777]
+    q, kc, vc, ks, vs, rows, kv_lens = setup(4, 5, 24, 4, 256, lens, fp8)
+    out = torch.full_like(q, float("nan"))
+    partials = alloc_partials(4, 24, 8, 64, 256, DEV).fill_(float("nan"))
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, kv_fmt=kv_fmt)
+    ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_len", [1, 8])
+def test_verify_q_len_27b(q_len):
+    q, kc, vc, ks, vs, rows, kv_lens = setup(3, q_len, 24, 4, 256, [300, 4000, 9], True)
+    out = torch.full_like(q, float("nan"))
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(3, 24, 8, 16, 256, DEV), 16)
+    assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [True, False])
+def test_prefill_and_write_27b(fp8):
+    # 300 new tokens after 1000 cached: write them, then prefill attention over all 1300
+    T, hkv, D = 300, 4, 256
+    q, kc, vc, ks, vs, rows, kv_lens = setup(1, T, 24, hkv, D, [1300], fp8)
+    k_new = torch.randn(1, T, hkv, D, device=DEV).bfloat16()
+    v_new = torch.randn(1, T, hkv, D, device=DEV).bfloat16()
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    write_kv(k_new, v_new, kc, vc, ks, vs, rows, kv_lens)
+    write_kv_ref(k_new, v_new, kc_ref, vc_ref, ks, vs, rows, kv_lens)
+    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, kc, vc, ks, vs, rows, kv_lens, out)
+    ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
+    assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
+
+
+@pytest.mark.gpu
+def test_verify_graph_capture():
+    # captured once, replayed after the lengths change in place: no host sync or allocation inside
+    q, kc, vc, ks, vs, rows, kv_lens = setup(2, 5, 24, 4, 256, [700, 2000], True)
+    out = torch.empty_like(q)
+    partials = alloc_partials(2, 24, 8, 32, 256, DEV)
+    run = lambda: verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, 32)  # noqa: E731
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    kv_lens.copy_(torch.tensor([2001, 9], dtype=torch.int32))
+    out.fill_(math.nan)
+    graph.replay()
+    assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
