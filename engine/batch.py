@@ -19,7 +19,7 @@ COMPLETIONS_URL = "/v1/completions"
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 # Sampling knobs this engine does not implement: a request that sets them is refused rather than silently changed.
 UNSUPPORTED_NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0,
-                       "best_of": 1, "echo": False, "suffix": None, "logit_bias": None, "response_format": None}
+                       "best_of": 1, "echo": False, "suffix": "", "logit_bias": {}, "response_format": {"type": "text"}}
 
 
 class BatchFileError(ValueError):
@@ -142,7 +142,7 @@ def _check_unsupported(body: dict):
     if body.get("logprobs") or body.get("top_logprobs"):
         raise RequestError("logprobs are not supported by this engine")
     for key, neutral in UNSUPPORTED_NEUTRAL.items():
-        if body.get(key, neutral) not in (neutral, None):
+        if body.get(key) is not None and body[key] != neutral:
             raise RequestError(f"body.{key} is not supported by this engine")
 
 
@@ -271,7 +271,7 @@ def read_input(path: str) -> list[InputLine]:
             continue
         custom_id = record.get("custom_id") if isinstance(record, dict) else None
         if not isinstance(custom_id, str) or not custom_id:
-            lines.append(InputLine(number, None, error=f"line {number}: custom_id (a non-empty string) is missing"))
+            lines.append(InputLine(number, None, error=f"line {number}: custom_id must be a non-empty string"))
             continue
         lines.append(InputLine(number, custom_id, record))
     first_line = {}

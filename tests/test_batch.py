@@ -172,7 +172,8 @@ def test_text_stream_matches_a_one_shot_decode_across_chunkings(tiny_engine):
 
 BAD_LINES = [
     ("not json at all", None, "line 1: invalid JSON"),
-    ({"method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}, None, "line 2: custom_id"),
+    ({"method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}, None, "line 2: custom_id must be"),
+    ({**completion("x"), "custom_id": 7}, None, "line 3: custom_id must be a non-empty string"),
     ({**completion("m"), "method": "GET"}, "m", "method must be POST"),
     ({**completion("u"), "url": "/v1/embeddings"}, "u", "url must be"),
     ({**completion("b"), "body": "x"}, "b", "body must be an object"),
@@ -187,6 +188,7 @@ BAD_LINES = [
     (completion("st", stream=True), "st", "body.stream"),
     (completion("lp", logprobs=3), "lp", "logprobs"),
     (completion("pp", presence_penalty=1.5), "pp", "body.presence_penalty is not supported"),
+    (completion("rf", response_format={"type": "json_object"}), "rf", "body.response_format is not supported"),
     (completion("sp", stop=[""]), "sp", "body.stop"),
     (completion("ep", prompt=""), "ep", "body.prompt"),
     (completion("long", prompt="x" * 600), "long", "max_position_embeddings"),
@@ -198,7 +200,7 @@ BAD_LINES = [
 
 def test_bad_lines_get_error_records_and_the_rest_still_run(tiny_engine, tmp_path):
     items = [item for item, _, _ in BAD_LINES]
-    items.insert(4, completion("good-1", max_tokens=2))
+    items.insert(4, completion("good-1", max_tokens=2, presence_penalty=0, logit_bias={}, logprobs=None))
     items.append(chat("good-2", max_tokens=2))
     records, summary, log = run(tiny_engine, tmp_path, items)
     assert len(records) == len(items)
