@@ -19,6 +19,26 @@ BASE = dict(
     mtp_num_hidden_layers=1,
 )
 
+# Three configurations that differ in every dimension the model has: layout, tying, layer pattern, head counts,
+# head dims (GDN key and value dims differ in two), conv kernel and rotary fraction.
+CONFIGS = {
+    "vl-untied": dict(layout="vl"),
+    "text-tied": dict(layout="text", tie_word_embeddings=True, hidden_size=48, num_hidden_layers=5,
+                      layer_types=["full_attention", "linear_attention", "full_attention", "linear_attention",
+                                   "linear_attention"],
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=32,
+                      linear_num_key_heads=1, linear_num_value_heads=3, linear_key_head_dim=8,
+                      linear_value_head_dim=24, linear_conv_kernel_dim=3,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5,
+                                       "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
+    "vl-interval2": dict(layout="vl", hidden_size=40, num_hidden_layers=4, full_attention_interval=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                         linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=16,
+                         linear_value_head_dim=8, intermediate_size=72,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                          "mrope_section": [1, 0, 0], "mrope_interleaved": True}),
+}
+
 
 def randomise(model, seed):
     """HF inits (1+w) norms to 0 and the GDN norm to 1: randomise every weight, 1-D ones included (MODEL.md §9)."""
@@ -68,9 +88,10 @@ def write_tokenizer(model_dir, vocab_size):
                    "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]]}, f)
 
 
-def make_tiny_checkpoint(model_dir, layout="vl", seed=0, mtp=True, **overrides):
+def make_tiny_checkpoint(model_dir, layout="vl", seed=0, mtp=True, tokenizer=True, **overrides):
     """Write a random tiny checkpoint. layout "vl": Qwen3_5ForConditionalGeneration (model.language_model.*,
-    model.visual.*); "text": Qwen3_5ForCausalLM (model.*). Returns model_dir."""
+    model.visual.*); "text": Qwen3_5ForCausalLM (model.*). tokenizer=False for vocabularies under 261 ids.
+    Returns model_dir."""
     from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
     text = {**BASE, **overrides}
     torch.manual_seed(seed)
@@ -88,7 +109,8 @@ def make_tiny_checkpoint(model_dir, layout="vl", seed=0, mtp=True, **overrides):
         tensors = load_file(path)
         tensors.update(mtp_tensors(text, seed + 1))
         save_file(tensors, path, metadata={"format": "pt"})
-    write_tokenizer(model_dir, text["vocab_size"])
+    if tokenizer:
+        write_tokenizer(model_dir, text["vocab_size"])
     return model_dir
 
 
