@@ -1,0 +1,134 @@
+"""Weight quantisation in plain torch: the canonical int4 layout, its pack/unpack, round-to-nearest quantisers,
+the dequantising references the kernels are tested against, and int8 per-row / per-token quantisers.
+
+Canonical int4 layout (QUANT.md §2.5, = GPTQ `qweight`): for a linear with weight W [N, K] (out × in),
+  qweight int32 [K/8, N]: word [r, n] holds the 4-bit codes of k = 8r … 8r+7 in bits 4j … 4j+3, LSB first;
+  scales  fp16/bf16 [K/G, N];
+  zs      None (symmetric: W = (q − 8)·s) or [K/G, N] = −z·s (asymmetric: W = q·s + zs, the fma form).
+Int8 (lm_head, embeddings): q int8 [N, K] (nn.Linear orientation, rows contiguous), scales [N] = amax/127.
+Activations for W4A8: x_q int8 [M, K] and s_a fp32 [M] = amax/127 per token."""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+GROUP = 128
+
+
+@dataclass
+class Int4Weight:
+    qweight: torch.Tensor                 # int32 [K/8, N]
+    scales: torch.Tensor                  # fp16/bf16 [K/G, N]
+    zs: Optional[torch.Tensor] = None     # like scales (asymmetric), None (symmetric, zero 8)
+    group: int = GROUP
+
+    @property
+    def k(self) -> int:
+        return self.qweight.shape[0] * 8
+
+    @property
+    def n(self) -> int:
+        return self.qweight.shape[1]
+
+    def to(self, device) -> "Int4Weight":
+        zs = None if self.zs is None else self.zs.to(device)
+        return Int4Weight(self.qweight.to(device), self.scales.to(device), zs, self.group)
+
+
+@dataclass
+class Int8Weight:
+    qweight: torch.Tensor                 # int8 [N, K]
+    scales: torch.Tensor                  # fp16/bf16 [N]
+
+    def to(self, device) -> "Int8Weight":
+        return Int8Weight(self.qweight.to(device), self.scales.to(device))
+
+
+def pack_int4(codes: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """Codes 0…15 → int32 words, 8 consecutive codes along `dim` per word, LSB first.
+    dim = 0 on codes [K, N] gives GPTQ qweight [K/8, N]; dim = 1 on zeros [K/G, N] gives GPTQ qzeros [K/G, N/8]."""
+    c = codes.movedim(dim, -1).to(torch.int64)
+    assert c.shape[-1] % 8 == 0, "packed dimension must be a multiple of 8"
+    assert int(c.min()) >= 0 and int(c.max()) <= 15, "codes must lie in 0..15"
+    c = c.reshape(*c.shape[:-1], -1, 8) << (4 * torch.arange(8, device=c.device))
+    words = c.sum(-1)                                      # < 2^32, no overlap between nibbles
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.movedim(-1, dim).contiguous()
+
+
+def unpack_int4(words: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """Inverse of pack_int4: int32 words → uint8 codes, 8 per word along `dim`."""
+    w = words.movedim(dim, -1).to(torch.int64) & 0xFFFFFFFF
+    c = (w[..., None] >> (4 * torch.arange(8, device=w.device))) & 0xF
+    return c.reshape(*w.shape[:-1], -1).to(torch.uint8).movedim(-1, dim).contiguous()
+
+
+def _group_view(w: torch.Tensor, group: int) -> torch.Tensor:
+    n, k = w.shape
+    assert k % group == 0 and k % 8 == 0, f"K = {k} must be a multiple of the group size {group}"
+    return w.float().reshape(n, k // group, group)
+
+
+def quantize_int4(w: torch.Tensor, group: int = GROUP, sym: bool = True,
+                  scale_dtype: torch.dtype = torch.float16) -> Int4Weight:
+    """Round-to-nearest int4 of W [N, K] per group of `group` inputs (the GPTQ quantiser grid, QUANT.md §4):
+    symmetric s = 2·amax/15, zero 8; asymmetric s = (max − min)/15 over a range that includes 0, z = round(−min/s).
+    Codes are rounded against the stored (rounded) scales so that dequantisation is as close as it can be."""
+    g = _group_view(w, group)                                           # [N, K/G, G]
+    if sym:
+        s = (2 * g.abs().amax(-1) / 15).clamp_min(1e-8).to(scale_dtype)
+        sf = s.float()[..., None]
+        q = torch.clamp(torch.round(g / sf) + 8, 0, 15)
+        zs = None
+    else:
+        lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
+        s = ((hi - lo) / 15).clamp_min(1e-8).to(scale_dtype)
+        sf = s.float()[..., None]
+        z = torch.clamp(torch.round(-lo[..., None] / sf), 0, 15)
+        q = torch.clamp(torch.round(g / sf) + z, 0, 15)
+        zs = (-z[..., 0] * s.float()).to(scale_dtype).t().contiguous()
+    codes = q.reshape(w.shape).t()                                      # [K, N]
+    return Int4Weight(pack_int4(codes.to(torch.uint8)), s.t().contiguous(), zs, group)
+
+
+def dequantize_int4(w: Int4Weight) -> torch.Tensor:
+    """The reference: W [N, K] in fp32, exactly what the kernels compute with (scales as stored)."""
+    q = unpack_int4(w.qweight).float()                                  # [K, N]
+    s = w.scales.float().repeat_interleave(w.group, 0)
+    if w.zs is None:
+        out = (q - 8) * s
+    else:
+        out = q * s + w.zs.float().repeat_interleave(w.group, 0)
+    return out.t().contiguous()
+
+
+def int4_from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, sym: bool,
+                   group: int = GROUP, v1: bool = True) -> Int4Weight:
+    """GPTQ tensors (qweight [K/8, N], qzeros [K/G, N/8], scales [K/G, N]) → canonical form. GPTQ v1 stores z − 1
+    (QUANT.md §2.1). Symmetric checkpoints must have every zero at 8; asymmetric ones get zs = −z·s."""
+    z = unpack_int4(qzeros, dim=1).to(torch.int32) + (1 if v1 else 0)
+    if sym:
+        assert bool((z == 8).all()), "sym checkpoint with zero points other than 8"
+        return Int4Weight(qweight.contiguous(), scales.contiguous(), None, group)
+    zs = (-z.float() * scales.float()).to(scales.dtype)
+    return Int4Weight(qweight.contiguous(), scales.contiguous(), zs.contiguous(), group)
+
+
+def quantize_int8_rows(w: torch.Tensor, scale_dtype: torch.dtype = torch.float16) -> Int8Weight:
+    """Per-row symmetric int8 (lm_head, embeddings): s = amax/127 over each row of W [N, K]."""
+    s = (w.float().abs().amax(1) / 127).clamp_min(1e-8).to(scale_dtype)
+    q = torch.clamp(torch.round(w.float() / s.float()[:, None]), -127, 127).to(torch.int8)
+    return Int8Weight(q.contiguous(), s)
+
+
+def dequantize_int8(w: Int8Weight) -> torch.Tensor:
+    """W [N, K] in fp32."""
+    return w.qweight.float() * w.scales.float()[:, None]
+
+
+def quantize_act_int8(x: torch.Tensor):
+    """Per-token int8 activations for W4A8 (QUANT.md §3): s_a = max|x[m]|/127 (≥ 1e-6), x_q = round(x/s_a).
+    Returns (x_q int8 [M, K], s_a fp32 [M]). In the engine this belongs in the epilogue of the producer kernel."""
+    s = (x.float().abs().amax(-1) / 127).clamp_min(1e-6)
+    q = torch.clamp(torch.round(x.float() / s[..., None]), -127, 127).to(torch.int8)
+    return q, s
