@@ -1,0 +1,250 @@
+"""Int4-weight linears: out[M, N] = x[M, K] @ W[N, K]ᵀ with W in the canonical int4 layout (layers/quant.py).
+
+  int4_linear(x, w)          W4A16: x bf16/fp16, fp32 accumulation, output in x's dtype (or a given buffer)
+  w4a8_linear(x_q, s_a, w)   W4A8: x_q int8 [M, K] with per-token scales s_a [M] (layers/quant.quantize_act_int8)
+
+Shapes (kernel): x [M, K] (row stride stride_xm, unit column stride), qweight int32 [K/8, N], scales/zs
+[K/128, N], out [M, N] (row stride stride_om); K a multiple of 128 (= the group), N a multiple of 8. Fused
+projections (gate+up, q/k/v(+gate), GDN qkv+z) are one call on the weights concatenated along N by the loader.
+Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_int4(w).T).
+
+Design, and why:
+* Tensor cores for every M, M padded to BLOCK_M ≥ 16. The cost of an int4 GEMV is unpacking, not multiplying:
+  on CUDA cores each weight would also need M FMAs, more than the H200 can issue at 4.8 TB/s beyond M ≈ 2, while
+  an mma costs the same for M = 1 and M = 16. mma.sync bf16/fp16/int8 also runs on sm_80/86.
+* Unpacking without int→float conversions: t = (word >> 4j) & 0x000F000F | 0x43004300 is a pair of bf16 numbers
+  128 + q (codes j and j+4 of the word), so one shift and two logic ops give two weights; subtracting 136 (or 128
+  with zero points) is exact. fp16 activations use 0x6400 (1024 + q). Int8 (W4A8): t = (word >> 4j) & 0x0F0F0F0F
+  is four int8 codes j, j+2, j+4, j+6 — no arithmetic at all; the −8 becomes −8·Σx per group.
+* Each register pair/quad becomes one k-pair/quad of the mma B operand, so the dot's K order is permuted within a
+  group (see _codes_16/_codes_i8) and the activation tile is split into the same order in registers.
+* Scales (and zs·Σx) are applied once per group to the fp32 partial sums; the mma sees exact codes.
+* Split-K over groups, reduced in one launch by kernels/splitk.store_tile (graph-safe, no memset).
+"""
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.splitk import store_tile, workspace
+from layers.quant import Int4Weight
+
+GROUP = 128
+
+
+@triton.jit
+def _as_dot_operand(t, DOT_F32: tl.constexpr):
+    # The Triton interpreter multiplies bf16 operands wrongly (ENGINE.md §7): fp32 there, exact for these values.
+    if DOT_F32:
+        return t.to(tl.float32)
+    else:
+        return t
+
+
+@triton.jit
+def _codes_16(q, jj: tl.constexpr, OFFSET: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
+    """q int32 [16, BN] → [32, BN] in DT (bf16/fp16): code − OFFSET for k = 8r + jj + 4e at row 2r + e."""
+    if DT == tl.float16:
+        t = ((q >> (4 * jj)) & 0x000F000F) | 0x64006400        # two fp16 1024 + q
+        base: tl.constexpr = 1024.0
+    else:
+        t = ((q >> (4 * jj)) & 0x000F000F) | 0x43004300        # two bf16 128 + q
+        base: tl.constexpr = 128.0
+    pair = tl.join(t.to(tl.int16), (t >> 16).to(tl.int16)).to(DT, bitcast=True)
+    if DOT_F32:                                                # the interpreter has no bf16 scalars
+        pair = pair.to(tl.float32)
+    pair = pair - (base + OFFSET)
+    return tl.reshape(tl.permute(pair, (0, 2, 1)), [32, BN])
+
+
+@triton.jit
+def _codes_i8(q, jj: tl.constexpr, SIGNED: tl.constexpr, BN: tl.constexpr):
+    """q int32 [16, BN] → int8 [64, BN]: code − 8 (SIGNED) or code, for k = 8r + 2b + jj at row 4r + b."""
+    t = (q >> (4 * jj)) & 0x0F0F0F0F
+    if SIGNED:
+        # per byte (q + 120) ^ 0x80 = q − 8 in two's complement; q + 120 < 256, so no carry between bytes
+        t = (t + 0x78787878) ^ -0x7F7F7F80                     # -0x7F7F7F80 is 0x80808080 as int32
+    b0, b1, b2, b3 = t.to(tl.int8), (t >> 8).to(tl.int8), (t >> 16).to(tl.int8), (t >> 24).to(tl.int8)
+    quad = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [16, BN, 4])
+    return tl.reshape(tl.permute(quad, (0, 2, 1)), [64, BN])
+
+
+@triton.jit
+def _group_dot_16(x, q, acc, s, zs, HAS_ZS: tl.constexpr, SCALE_W: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc [BM, BN] fp32 += x [BM, 128] (bf16/fp16) @ W (one group, codes q int32 [16, BN], s/zs [BN] fp32).
+    SCALE_W: the mma takes W = (q − 8)·s or q·s + zs rounded to x's dtype and accumulates into acc (lets wgmma
+    run asynchronously across groups; large M). Otherwise it takes exact codes and the group's sum is scaled in
+    fp32 (small M, where the extra per-weight multiply would cost more than it saves)."""
+    DT = x.dtype
+    lo, hi = tl.split(tl.reshape(x, [BM, 16, 2, 2, 2]))       # k = 8r + 4e + 2·j1 + j0: lo/hi = j0
+    x0, x2 = tl.split(lo)
+    x1, x3 = tl.split(hi)
+    xs = (tl.reshape(x0, [BM, 32]), tl.reshape(x1, [BM, 32]), tl.reshape(x2, [BM, 32]), tl.reshape(x3, [BM, 32]))
+    OFFSET: tl.constexpr = 0 if HAS_ZS else 8
+    if SCALE_W:
+        s_w = s[None, :]
+        zs_w = zs[None, :]
+        if not DOT_F32:
+            s_w = s_w.to(DT)
+            zs_w = zs_w.to(DT)
+        for jj in tl.static_range(4):
+            w = _codes_16(q, jj, OFFSET, DT, BN, DOT_F32) * s_w
+            if HAS_ZS:
+                w = w + zs_w
+            acc = tl.dot(_as_dot_operand(xs[jj], DOT_F32), w, acc)
+    else:
+        part = tl.zeros([BM, BN], tl.float32)
+        for jj in tl.static_range(4):
+            part = tl.dot(_as_dot_operand(xs[jj], DOT_F32),
+                          _as_dot_operand(_codes_16(q, jj, OFFSET, DT, BN, DOT_F32), DOT_F32), part)
+        acc += part * s[None, :]
+        if HAS_ZS:
+            acc += tl.sum(x.to(tl.float32), axis=1)[:, None] * zs[None, :]
+    return acc
+
+
+@triton.jit
+def _exact_f32(d):
+    """int32 → fp32 for |d| < 2^22 without the (quarter-rate) I2F: bits of 2^23 + 2^22 + d, minus that constant."""
+    return (d + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+
+
+@triton.jit
+def _group_dot_i8(x, q, acc, s, zs, HAS_ZS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  DOT_F32: tl.constexpr):
+    """acc [BM, BN] fp32 += (x int8 [BM, 128] @ codes) · s (+ Σx · zs), the int8 dot exact in int32.
+    Symmetric codes enter the mma as q − 8; with zero points as q (0..15), and zs·Σx adds the offset."""
+    x0, x1 = tl.split(tl.reshape(x, [BM, 16, 4, 2]))           # k = 8r + 2b + jj: x0/x1 = jj
+    x0 = tl.reshape(x0, [BM, 64])
+    x1 = tl.reshape(x1, [BM, 64])
+    w0 = _codes_i8(q, 0, not HAS_ZS, BN)
+    w1 = _codes_i8(q, 1, not HAS_ZS, BN)
+    if DOT_F32:                                                # |sums| < 2^24: exact in fp32
+        d = tl.dot(x1.to(tl.float32), w1.to(tl.float32), tl.dot(x0.to(tl.float32), w0.to(tl.float32))).to(tl.int32)
+    else:
+        d = tl.dot(x1, w1, tl.dot(x0, w0, out_dtype=tl.int32), out_dtype=tl.int32)
+    acc += _exact_f32(d) * s[None, :]                          # |d| ≤ 128·15·128 < 2^22
+    if HAS_ZS:
+        acc += tl.sum(x.to(tl.int32), axis=1).to(tl.float32)[:, None] * zs[None, :]
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])    # one compiled kernel for M = 1 and M > 1
+def _int4_matmul_kernel(
+        x_ptr, xs_ptr, qw_ptr, s_ptr, zs_ptr, out_ptr, ws_ptr, cnt_ptr,
+        M, N, K, stride_xm, stride_om,
+        A8: tl.constexpr, HAS_ZS: tl.constexpr, SCALE_W: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr):
+    # x [M, K] (bf16/fp16, or int8 with xs [M] fp32 when A8), qw int32 [K/8, N], s/zs [K/128, N], out [M, N]
+    # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split-K count): M-tiles vary fastest, so CTAs sharing weights run
+    # together. The split count is a grid dimension, not a constexpr: one compiled kernel serves every count.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    n_groups = K // 128
+    per_split = tl.cdiv(n_groups, tl.num_programs(2))
+    g_lo = pid_k * per_split
+    g_hi = tl.minimum(g_lo + per_split, n_groups)
+    x_tile = x_ptr + rm[:, None].to(tl.int64) * stride_xm + tl.arange(0, 128)[None, :]
+    w_tile = qw_ptr + tl.arange(0, 16)[:, None] * N + rn[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    zs = tl.zeros([BLOCK_N], tl.float32)
+    for g in range(g_lo, g_hi):
+        # weights are streamed once: evict first; the activations are re-read by every column tile: keep them
+        q = tl.load(w_tile + g * 16 * N, mask=n_ok[None, :], other=0, eviction_policy="evict_first")
+        x = tl.load(x_tile + g * 128, mask=m_ok[:, None], other=0, eviction_policy="evict_last")
+        s = tl.load(s_ptr + g * N + rn, mask=n_ok, other=0).to(tl.float32)
+        if HAS_ZS:
+            zs = tl.load(zs_ptr + g * N + rn, mask=n_ok, other=0).to(tl.float32)
+        if A8:
+            acc = _group_dot_i8(x, q, acc, s, zs, HAS_ZS, BLOCK_M, BLOCK_N, DOT_F32)
+        else:
+            acc = _group_dot_16(x, q, acc, s, zs, HAS_ZS, SCALE_W, BLOCK_M, BLOCK_N, DOT_F32)
+    if A8:
+        acc *= tl.load(xs_ptr + rm, mask=m_ok, other=0).to(tl.float32)[:, None]
+    store_tile(acc, out_ptr, ws_ptr, cnt_ptr, rm, rn, M, N, stride_om, pid_m * tl.num_programs(1) + pid_n, SPLIT)
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int
+    block_n: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+    scale_w: bool = False            # W4A16: scale the weights before the mma (see _group_dot_16)
+
+
+# Per M bucket (upper bound inclusive): tile sizes, and how many CTAs per SM split-K should aim for.
+# Tuned on the H200 at the 27B shapes (bench/kernels_int4.py sweeps these).
+M_BUCKETS = (
+    (16, dict(block_m=16, block_n=128, num_warps=4, num_stages=4, scale_w=False, ctas_per_sm=4)),
+    (64, dict(block_m=64, block_n=128, num_warps=4, num_stages=3, scale_w=True, ctas_per_sm=2)),
+    (None, dict(block_m=128, block_n=128, num_warps=8, num_stages=3, scale_w=True, ctas_per_sm=1)),
+)
+MIN_GROUPS_PER_SPLIT = 2
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def pick_config(m: int, n: int, k: int, device, **override) -> Config:
+    """Tile table by M bucket (entries can be overridden, e.g. by the benchmark's sweep); split-K only where the
+    output tiles alone leave the GPU under-filled, and never with an empty split."""
+    p = dict(next(p for bound, p in M_BUCKETS if bound is None or m <= bound), **override)
+    tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, p["block_n"])
+    groups = k // GROUP
+    want = max(1, min(triton.cdiv(p["ctas_per_sm"] * num_sms(device), tiles), groups // MIN_GROUPS_PER_SPLIT))
+    split = triton.cdiv(groups, triton.cdiv(groups, want))
+    return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["scale_w"])
+
+
+def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
+    assert w.group == GROUP, "kernel supports group size 128"
+    k, n = w.k, w.n
+    assert x.shape[-1] == k and x.stride(-1) == 1, (x.shape, k)
+    assert n % 8 == 0
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    out2 = out.view(-1, n)
+    assert out2.shape[0] == m and out2.stride(-1) == 1
+    cfg = cfg or pick_config(m, n, k, x.device)
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
+    ws, cnt = workspace(x.device, m * n if cfg.split_k > 1 else 1, grid[0] * grid[1])
+    zs = w.zs if w.zs is not None else w.scales
+    _int4_matmul_kernel[grid](
+        x2, x_scale if x_scale is not None else x2, w.qweight, w.scales, zs, out2, ws, cnt,
+        m, n, k, x2.stride(0), out2.stride(0),
+        A8=x_scale is not None, HAS_ZS=w.zs is not None, SCALE_W=cfg.scale_w, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        SPLIT=cfg.split_k > 1, DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg: Config = None) -> torch.Tensor:
+    """x [..., K] bf16/fp16 → [..., N] (x's dtype, or written into `out`, any float dtype)."""
+    assert x.dtype in (torch.bfloat16, torch.float16)
+    if out is None:
+        out = torch.empty(*x.shape[:-1], w.n, dtype=x.dtype, device=x.device)
+    return _launch(x, None, w, out, cfg)
+
+
+def w4a8_linear(x_q: torch.Tensor, s_a: torch.Tensor, w: Int4Weight, out: torch.Tensor = None,
+                out_dtype: torch.dtype = torch.bfloat16, cfg: Config = None) -> torch.Tensor:
+    """x_q int8 [..., K] with per-token fp32 scales s_a [...] → [..., N] in out_dtype (or into `out`)."""
+    assert x_q.dtype == torch.int8 and s_a.dtype == torch.float32 and s_a.is_contiguous()
+    if out is None:
+        out = torch.empty(*x_q.shape[:-1], w.n, dtype=out_dtype, device=x_q.device)
+    return _launch(x_q, s_a, w, out, cfg)

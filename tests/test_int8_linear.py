@@ -1,0 +1,98 @@
+"""Int8 per-row quantisation (layers/quant.py), the int8 linear (kernels/int8_linear.py) and the int8 embedding
+gather (kernels/int8_embedding.py) against the dequantising reference; CPU in the Triton interpreter at small odd
+shapes, GPU at the lm_head shape (248320 × 5120)."""
+import pytest
+import torch
+
+from kernels.int8_embedding import int8_embedding
+from kernels.int8_linear import Config, int8_linear
+from layers.quant import dequantize_int8, quantize_int8_rows
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_quantize_int8_rows(scale_dtype):
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(24, 200, generator=gen) * torch.rand(24, 1, generator=gen)
+    q = quantize_int8_rows(w, scale_dtype)
+    assert q.qweight.dtype == torch.int8 and q.scales.dtype == scale_dtype and q.scales.shape == (24,)
+    assert int(q.qweight.abs().max()) <= 127
+    step = q.scales.float()[:, None]
+    assert bool(((dequantize_int8(q) - w).abs() <= 0.54 * step).all())
+
+
+# (M, N, K, x dtype, out dtype, scale dtype, Config): K not a multiple of BLOCK_K exercises the masked tail
+CASES = [
+    (1, 40, 200, torch.bfloat16, torch.float32, torch.float16, Config(16, 32, 64)),
+    (3, 136, 384, torch.bfloat16, torch.bfloat16, torch.bfloat16, Config(16, 64, 128)),
+    (17, 40, 96, torch.float16, torch.float32, torch.float16, Config(16, 32, 64)),
+    (5, 136, 256, torch.bfloat16, torch.float32, torch.float16, Config(32, 64, 128)),
+]
+
+
+@pytest.mark.parametrize("m,n,k,xdt,odt,sdt,cfg", CASES)
+def test_int8_linear(m, n, k, xdt, odt, sdt, cfg):
+    gen = torch.Generator().manual_seed(m * 100 + n + k)
+    w = quantize_int8_rows(torch.randn(n, k, generator=gen), sdt)
+    w.qweight[0, :] = -128 if k > 100 else 127                                # the extreme codes convert exactly
+    w = w.to(DEV)
+    x = torch.randn(m, k, generator=gen).to(xdt).to(DEV)
+    out = torch.full((m, n), float("nan"), dtype=odt, device=DEV)
+    int8_linear(x, w, out=out, cfg=cfg)
+    ref = x.float() @ dequantize_int8(w).T
+    assert not out.isnan().any()
+    tol = 1e-5 if odt == torch.float32 else 5e-3
+    assert rel_err(out, ref) < tol, rel_err(out, ref)
+
+
+def test_int8_linear_default_output_and_strides():
+    gen = torch.Generator().manual_seed(2)
+    w = quantize_int8_rows(torch.randn(40, 128, generator=gen)).to(DEV)
+    xbig = torch.randn(2, 3, 160, generator=gen).bfloat16().to(DEV)
+    x = xbig[..., :128].contiguous()
+    out = int8_linear(x, w, cfg=Config(16, 32, 64))
+    assert out.shape == (2, 3, 40) and out.dtype == torch.bfloat16
+    assert rel_err(out, x.float() @ dequantize_int8(w).T) < 5e-3
+    x2 = xbig[0, :, 16:144]                                                 # row stride 160
+    obig = torch.full((3, 48), float("nan"), device=DEV)
+    int8_linear(x2, w, out=obig[:, 4:44], cfg=Config(16, 32, 64))
+    assert rel_err(obig[:, 4:44], x2.float() @ dequantize_int8(w).T) < 1e-5
+    assert obig[:, :4].isnan().all() and obig[:, 44:].isnan().all()
+
+
+@pytest.mark.parametrize("odt", [torch.bfloat16, torch.float32])
+def test_int8_embedding(odt):
+    gen = torch.Generator().manual_seed(3)
+    w = quantize_int8_rows(torch.randn(50, 300, generator=gen)).to(DEV)
+    ids = torch.tensor([[3, 0, 49], [3, 17, 3]]).to(DEV)
+    out = torch.full((2, 3, 300), float("nan"), dtype=odt, device=DEV)
+    int8_embedding(ids, w, out=out, block_k=128)
+    ref = dequantize_int8(w)[ids]
+    # one bf16 ulp: the interpreter truncates fp32 → bf16 where the GPU rounds
+    tol = ref.abs() * 2**-7 if odt == torch.bfloat16 else 1e-6
+    assert bool(((out.float() - ref).abs() <= tol).all())
+    assert int8_embedding(ids[0, :0], w).shape == (0, 300)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_int8_linear_lm_head(m):
+    w = quantize_int8_rows(torch.randn(248320, 5120, device="cuda"))
+    x = torch.randn(m, 5120, device="cuda").bfloat16()
+    out = int8_linear(x, w, out=torch.empty(m, 248320, device="cuda"))
+    ref = x.float() @ dequantize_int8(w).T
+    assert rel_err(out, ref) < 1e-4, rel_err(out, ref)
+
+
+@pytest.mark.gpu
+def test_int8_embedding_vocab():
+    w = quantize_int8_rows(torch.randn(248320, 5120, device="cuda"))
+    ids = torch.randint(0, 248320, (300,), device="cuda")
+    out = int8_embedding(ids, w)
+    assert rel_err(out, dequantize_int8(w)[ids]) < 4e-3
