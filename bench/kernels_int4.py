@@ -1,0 +1,145 @@
+"""Int4-weight linears at the Qwen3.8-27B shapes, with their peers timed in the same run: ours (W4A16; W4A8 from
+int8 activations), cuBLAS bf16 (`x @ w.T`) and torch's `_weight_int4pack_mm` (group 128).
+
+Every timed call reads another copy of the weights (together ≥ 256 MiB, over 4× the H200's L2), so weights come
+from HBM as they do in a model step. Bytes per call: the weight codes, their scales, the activations and the
+outputs (QUANT.md §7); `vs_cublas` = cuBLAS time / this time at the same shape.
+
+`python -m bench.kernels_int4 --sweep` times alternatives to the config table in kernels/int4_linear.py
+(M_BUCKETS) and prints them fastest first, to retune it."""
+import argparse
+import itertools
+
+import torch
+
+from bench.harness import gpu_name, measure_bandwidth, row, time_us
+from kernels.int4_linear import Config, int4_linear, pick_config, w4a8_linear
+from layers.quant import Int4Weight
+
+SHAPES = (("gdn_in_proj_qkvz", 16384, 5120), ("out_proj", 5120, 6144), ("attn_qkv_gate", 14336, 5120),
+          ("mlp_gate_up", 34816, 5120), ("mlp_down", 5120, 17408))       # name, N, K
+GEMV_M = (1, 2, 3, 4, 5)
+GEMM_M = (64, 320)
+PEER_M = (1, 5) + GEMM_M
+ROTATE_BYTES = 256 << 20
+
+
+def rotation(make, nbytes):
+    """A function returning the next of enough copies of make() that they cannot all sit in L2."""
+    copies = itertools.cycle([make() for _ in range(max(2, -(-ROTATE_BYTES // nbytes)))])
+    return lambda: next(copies)
+
+
+def random_int4(n, k):
+    words = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, device="cuda")
+    return Int4Weight(words, (torch.rand(k // 128, n, device="cuda") * 0.01).half())
+
+
+def int4_bytes(m, n, k, act_bytes=2):
+    return n * k // 2 + n * (k // 128) * 2 + m * k * act_bytes + m * n * 2
+
+
+def time_ours(m, n, k, a8=False, cfg=None):
+    weights = rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    if a8:
+        x = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
+        s_a = torch.rand(m, device="cuda")
+        return time_us(lambda: w4a8_linear(x, s_a, weights(), out=out, cfg=cfg))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    return time_us(lambda: int4_linear(x, weights(), out=out, cfg=cfg))
+
+
+def time_cublas(m, n, k):
+    weights = rotation(lambda: torch.randn(n, k, device="cuda", dtype=torch.bfloat16), n * k * 2)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    return time_us(lambda: torch.mm(x, weights().t(), out=out))
+
+
+def time_torch_int4pack(m, n, k):
+    def make():
+        codes = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
+        return torch._convert_weight_to_int4pack((codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8), 8)
+    weights = rotation(make, n * k // 2)
+    scale_zero = torch.rand(k // 128, n, 2, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    return time_us(lambda: torch._weight_int4pack_mm(x, weights(), 128, scale_zero))
+
+
+def run(peak_Bps: float) -> list:
+    rows = []
+    for name, n, k in SHAPES:
+        shape = f"{name} {n}x{k}"
+        cublas = {}
+        for m in PEER_M:
+            cublas[m] = us = time_cublas(m, n, k)
+            rows.append(row("bf16 matmul", f"{shape} M={m}", us, n * k * 2 + m * k * 2 + m * n * 2, 2 * m * n * k,
+                            peak_Bps, peer="cublas-bf16"))
+            try:
+                us = time_torch_int4pack(m, n, k)
+                rows.append(row("int4 matmul", f"{shape} M={m}", us, int4_bytes(m, n, k) + n * (k // 128) * 2,
+                                2 * m * n * k, peak_Bps, peer="torch-int4pack", vs_cublas=round(cublas[m] / us, 2)))
+            except RuntimeError as e:                                    # report, keep benchmarking
+                rows.append({"kernel": "int4 matmul", "shape": f"{shape} M={m}", "peer": "torch-int4pack",
+                             "error": str(e).splitlines()[0][:80]})
+        for m in GEMV_M + GEMM_M:
+            cfg = pick_config(m, n, k, torch.device("cuda"))
+            us = time_ours(m, n, k)
+            extra = {"vs_cublas": round(cublas[m] / us, 2)} if m in cublas else {}
+            rows.append(row("int4_linear W4A16", f"{shape} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k, peak_Bps,
+                            peer="ours", config=_cfg_str(cfg), **extra))
+        for m in PEER_M:
+            us = time_ours(m, n, k, a8=True)
+            rows.append(row("w4a8_linear", f"{shape} M={m}", us, int4_bytes(m, n, k, act_bytes=1) + 4 * m,
+                            2 * m * n * k, peak_Bps, peer="ours", vs_cublas=round(cublas[m] / us, 2)))
+    return rows
+
+
+def _cfg_str(c: Config) -> str:
+    return f"{c.block_m}x{c.block_n} s{c.split_k} w{c.num_warps} st{c.num_stages}" + (" sw" if c.scale_w else "")
+
+
+# Alternatives to M_BUCKETS for --sweep: entries override the bucket's dict in pick_config.
+GEMV_VARIANTS = [dict(block_n=bn, num_warps=w, num_stages=st, ctas_per_sm=c)
+                 for bn, w in ((64, 4), (128, 4), (128, 8), (256, 8)) for st in (3, 4) for c in (2, 3, 4, 6, 8)]
+GEMM_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, scale_w=sw, ctas_per_sm=1)
+                 for bm, bn, w, st, sw in ((64, 128, 4, 3, True), (64, 128, 4, 4, True), (128, 128, 8, 3, True),
+                                           (128, 128, 8, 4, True), (64, 256, 8, 3, True), (128, 256, 8, 3, True),
+                                           (128, 128, 8, 3, False))]
+A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, scale_w=False, ctas_per_sm=1)
+               for bm, bn, w in ((64, 128, 4), (128, 128, 8), (128, 256, 8))]
+
+
+def sweep(peak_Bps: float) -> list:
+    rows = []
+    cases = [(SHAPES, (1,), GEMV_VARIANTS, False),
+             ([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, GEMM_VARIANTS, False),
+             ([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, A8_VARIANTS, True)]
+    for shapes, ms, variants, a8 in cases:
+        for (name, n, k), m in itertools.product(shapes, ms):
+            found = []
+            for v in variants:
+                cfg = pick_config(m, n, k, torch.device("cuda"), **v)
+                us = time_ours(m, n, k, a8=a8, cfg=cfg)
+                found.append(row("w4a8_linear" if a8 else "int4_linear", f"{name} {n}x{k} M={m}", us,
+                                 int4_bytes(m, n, k, 1 if a8 else 2), 2 * m * n * k, peak_Bps,
+                                 config=_cfg_str(cfg) + f" c{v['ctas_per_sm']}"))
+            found.sort(key=lambda r: r["us"])
+            for r in found[:6]:
+                print(f"{r['kernel']:12s} {r['shape']:32s} {r['config']:28s} {r['us']:9.2f} us  {r['frac_peak']:.3f}",
+                      flush=True)
+            rows += found
+    return rows
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sweep", action="store_true")
+    args = ap.parse_args()
+    peak = measure_bandwidth()["copy_Bps"]
+    print(f"{gpu_name()}: peak copy {peak / 1e9:.0f} GB/s")
+    rows = sweep(peak) if args.sweep else run(peak)
+    if not args.sweep:
+        for r in rows:
+            print(r)
