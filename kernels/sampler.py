@@ -1,0 +1,593 @@
+"""Sort-free, CUDA-graph-capturable sampling over a 248k vocabulary: temperature, top-k, top-p, and exact
+speculative rejection sampling (ENGINE.md §2, §3, §6). Plain-torch references: kernels/sampler_ref.py, whose
+docstring states the truncation semantics (value thresholds: a tie group is kept or dropped whole).
+
+Per row, four passes of grid (rows, blocks), no sort of the vocabulary and no host sync:
+  stats    per block: max, Σexp, argmax of x = logits / T.
+  level l  P pivots inside the bracket [lo, hs) known to hold the threshold; each block counts (and, for
+           top-p-only rows, sums exp of) its bracket elements >= each pivot; sums are atomics. The next pass
+           narrows the bracket to one pivot gap. Level 0 spreads pivots over [M − 64, M], later ones evenly.
+  compact  copies the <= CAP bracket elements out; races the elements surely kept.
+  resolve  one program per row sorts the candidates, finds the exact threshold and races them. Rows whose
+           bracket still overflows (a tie group larger than CAP at the cut) take an exact bisection over the row.
+Sampling is an exponential race, argmax over the support of (x − M) − log E_v with E_v ~ Exp(1) drawn from
+Philox(seed; v, row, offset, stream); seed and offset are device tensors and the last kernel advances offset.
+
+Descriptors desc [rows, 4] = (1/T, M, tau, Zs) describe the processed distribution of a row:
+p(v) = exp(x_v − M) / Zs for x_v >= tau, else 0 (1/T == 0 marks a greedy row). Rejection sampling reads p and q
+through them. Padding rows should be greedy: a row of equal logits under top-k and top-p takes the slow path."""
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+RACE = tl.constexpr(0)          # Philox stream ids: keep the draws of different decisions independent
+RESIDUAL = tl.constexpr(1)
+ACCEPT = tl.constexpr(2)
+DEPTH = tl.constexpr(64.0)      # nats below the max covered by the first level (exp(−64) is below fp32 relevance)
+NSTATE = 8                      # bracket state: lo, hs, count(x>=lo), count(x>=hs), mass(x>=lo), mass(x>=hs), M, Z
+
+
+@dataclass
+class SamplingTensors:
+    """Per-sequence sampling parameters as device tensors (they change per step inside a graph)."""
+    temperature: torch.Tensor   # [B] f32, <= 0: greedy
+    top_k: torch.Tensor         # [B] i32, 0 or >= V: off
+    top_p: torch.Tensor         # [B] f32, >= 1: off
+
+    @classmethod
+    def of(cls, temperature, top_k, top_p, device):
+        return cls(torch.tensor(temperature, dtype=torch.float32, device=device),
+                   torch.tensor(top_k, dtype=torch.int32, device=device),
+                   torch.tensor(top_p, dtype=torch.float32, device=device))
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    block: int = 1024           # vocabulary elements per program
+    pivots: int = 32            # per level
+    group: int = 8              # pivots compared per step (the [block, group] tile bounds registers)
+    cap: int = 2048             # candidates resolved by one program
+    levels: int = 2
+
+
+class SamplerWorkspace:
+    """Every buffer the sampler touches, allocated once (before graph capture) for up to `rows` rows."""
+
+    def __init__(self, rows, vocab, device, cfg: SamplerConfig = SamplerConfig()):
+        self.cfg, self.rows, self.vocab = cfg, rows, vocab
+        self.nb = triton.cdiv(vocab, cfg.block)
+        self.nbp = triton.next_power_of_2(self.nb)
+        f32, i32 = dict(dtype=torch.float32, device=device), dict(dtype=torch.int32, device=device)
+        self.pmax, self.psum, self.parg = torch.empty(rows, self.nbp, **f32), torch.empty(rows, self.nbp, **f32), \
+            torch.empty(rows, self.nbp, **i32)
+        self.piv = torch.empty(rows, cfg.levels, cfg.pivots, **f32)
+        self.cnt = torch.zeros(rows, cfg.levels, cfg.pivots, **i32)
+        self.mass = torch.zeros(rows, cfg.levels, cfg.pivots, **f32)
+        self.state = torch.empty(rows, cfg.levels + 1, NSTATE, **f32)
+        self.cand_n, self.zs = torch.zeros(rows, **i32), torch.zeros(rows, **f32)
+        self.cand_val, self.cand_idx = torch.empty(rows, cfg.cap, **f32), torch.empty(rows, cfg.cap, **i32)
+        self.best, self.best_idx = torch.empty(rows, self.nbp, **f32), torch.empty(rows, self.nbp, **i32)
+        self.ticket = torch.zeros(1, **i32)
+        self.ids, self.desc = torch.empty(rows, **i32), torch.empty(rows, 4, **f32)
+
+
+# ------------------------------------------------------------------------------------------- shared helpers
+@triton.jit
+def _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V):
+    pr = r // ROW_DIV
+    t = tl.load(temp_ptr + pr).to(tl.float32)
+    k = tl.load(topk_ptr + pr).to(tl.int32)
+    p = tl.load(topp_ptr + pr).to(tl.float32)
+    sampled = t > 0.0
+    inv_t = 1.0 / tl.where(sampled, t, 1.0)
+    return inv_t, k, p, sampled, sampled & (k > 0) & (k < V), sampled & (p < 1.0)
+
+
+@triton.jit
+def _load_x(row_ptr, offs, V, inv_t):
+    return tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+
+
+@triton.jit
+def _key(x):
+    """fp32 -> int64 with the same order (−0.0 folded into +0.0)."""
+    b = (x + 0.0).to(tl.int32, bitcast=True)
+    return tl.where(b < 0, b ^ 0x7FFFFFFF, b).to(tl.int64)
+
+
+@triton.jit
+def _unkey(k):
+    b = k.to(tl.int32)
+    return tl.where(b < 0, b ^ 0x7FFFFFFF, b).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bits(seed, idx, row, off, STREAM: tl.constexpr):
+    z = idx * 0
+    r0, r1, _, _ = tl.philox(seed, idx, z + row, z + off.to(tl.int32), z + STREAM)
+    return r0, r1
+
+
+@triton.jit
+def _uniform(seed, idx, row, off, STREAM: tl.constexpr):
+    r0, _ = _bits(seed, idx, row, off, STREAM)
+    return ((r0 >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def _exponential(seed, idx, row, off, STREAM: tl.constexpr):
+    """E ~ Exp(1), resolved finely near 0 where the race is decided: −log1p(−v) by its series for v < 2^−8 (64 bits
+    of v there), −log(1 − v) with 1 − v formed exactly in integers above."""
+    r0, r1 = _bits(seed, idx, row, off, STREAM)
+    v = (r0.to(tl.float32) + r1.to(tl.float32) * 2.3283064365386963e-10) * 2.3283064365386963e-10
+    series = v * (1.0 + v * (0.5 + v * 0.3333333333333333))
+    w = (4294967295 - r0).to(tl.float32) + 1.0
+    return tl.where(r0 < 16777216, series, -tl.log(w * 2.3283064365386963e-10))
+
+
+@triton.jit
+def _race(x, sel, M, idx, seed, row, off, STREAM: tl.constexpr):
+    """Best (score, index) of the exponential race over the selected elements; (−inf, idx[0]) if none."""
+    score = tl.where(sel, (x - M) - tl.log(_exponential(seed, idx, row, off, STREAM)), float("-inf"))
+    best = tl.max(score, 0)
+    at = tl.argmax(score, 0)
+    return best, tl.sum(tl.where(tl.arange(0, x.shape[0]) == at, idx, 0), 0)
+
+
+@triton.jit
+def _combine_blocks(val_ptr, NB, NBP: tl.constexpr):
+    i = tl.arange(0, NBP)
+    return tl.load(val_ptr + i, mask=i < NB, other=float("-inf")), i
+
+
+@triton.jit
+def _max_and_mass(pmax_ptr, psum_ptr, NB, NBP: tl.constexpr):
+    pm, i = _combine_blocks(pmax_ptr, NB, NBP)
+    M = tl.max(pm, 0)
+    return M, tl.sum(tl.load(psum_ptr + i, mask=i < NB, other=0.0) * tl.exp(pm - M), 0)
+
+
+@triton.jit
+def _load_state(st):
+    return (tl.load(st + 0), tl.load(st + 1), tl.load(st + 2), tl.load(st + 3),
+            tl.load(st + 4), tl.load(st + 5), tl.load(st + 6), tl.load(st + 7))
+
+
+@triton.jit
+def _store_state(st, lo, hs, clo, chs, mlo, mhs, M, Z):
+    tl.store(st + 0, lo)
+    tl.store(st + 1, hs)
+    tl.store(st + 2, clo)
+    tl.store(st + 3, chs)
+    tl.store(st + 4, mlo)
+    tl.store(st + 5, mhs)
+    tl.store(st + 6, M)
+    tl.store(st + 7, Z)
+
+
+@triton.jit
+def _classify(lo, hs, clo, chs, M, kact, pact, CAP: tl.constexpr):
+    """-> (resolved, fits): resolved when the bracket holds the single value lo and that value is the
+    threshold (top-k and top-p together still need the kept elements to find the top-p cut); fits when the
+    candidates (everything >= lo for top-k rows, the bracket for top-p rows) fit the buffer."""
+    tie = (_key(hs) - _key(lo) <= 1) | (lo >= M)
+    fits = clo - tl.where(kact, 0.0, chs) <= CAP
+    return tie & ~(kact & pact), fits, tie
+
+
+@triton.jit
+def _choose(lo, hs, clo, chs, mlo, mhs, piv_ptr, cnt_ptr, mass_ptr, kact, k, target, P: tl.constexpr):
+    """New bracket from one level's pivots: the gap between the last pivot still above the threshold and the
+    first one at or below it (fewer than k elements, or less than the target mass, lie above the threshold)."""
+    i = tl.arange(0, P)
+    t = tl.load(piv_ptr + i)
+    c = chs + tl.load(cnt_ptr + i).to(tl.float32)
+    m = mhs + tl.load(mass_ptr + i)
+    # first pivot failing the criterion; robust even if atomically summed masses are not monotone
+    a = tl.min(tl.where(tl.where(kact, c < k, m < target), P, i), 0)
+    up, dn = i == a - 1, i == a
+    return (tl.where(a < P, tl.sum(tl.where(dn, t, 0.0), 0), lo), tl.where(a > 0, tl.sum(tl.where(up, t, 0.0), 0), hs),
+            tl.where(a < P, tl.sum(tl.where(dn, c, 0.0), 0), clo), tl.where(a > 0, tl.sum(tl.where(up, c, 0.0), 0), chs),
+            tl.where(a < P, tl.sum(tl.where(dn, m, 0.0), 0), mlo), tl.where(a > 0, tl.sum(tl.where(up, m, 0.0), 0), mhs))
+
+
+@triton.jit
+def _pivots(lo, hs, M, LEVEL: tl.constexpr, P: tl.constexpr):
+    """P descending pivots: level 0 quadratic over [M − DEPTH, M] (t_0 = M isolates the top tie group); later
+    levels even over [max(lo, hs − DEPTH), hs) with the last one just above lo (isolates a tie group at lo)."""
+    i = tl.arange(0, P).to(tl.float32)
+    if LEVEL == 0:
+        u = i / (P - 1)
+        t = M - DEPTH * (u * u)
+    else:
+        base = tl.maximum(lo, hs - DEPTH)
+        t = base + (hs - base) * ((P - 1 - i) / P)
+        above_lo = _unkey(_key(lo) + 1)
+        t = tl.where(i == P - 1, above_lo, tl.maximum(t, above_lo))
+    return t
+
+
+@triton.jit
+def _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, L, kact, pact, k, p, NLEV: tl.constexpr,
+                P: tl.constexpr, CAP: tl.constexpr):
+    """The bracket after level L − 1: the stored state before it, narrowed by its pivots if it ran."""
+    lo, hs, clo, chs, mlo, mhs, M, Z = _load_state(st_ptr + (r * (NLEV + 1) + L - 1) * 8)
+    resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
+    if ~tie & ~fits:
+        data = (r * NLEV + L - 1) * P
+        lo, hs, clo, chs, mlo, mhs = _choose(lo, hs, clo, chs, mlo, mhs, piv_ptr + data, cnt_ptr + data,
+                                             mass_ptr + data, kact, k, p * Z, P)
+    return lo, hs, clo, chs, mlo, mhs, M, Z
+
+
+# ------------------------------------------------------------------------------------------- sampler passes
+# logits [R, V] (bf16/fp16/fp32, row stride `stride`); per-row params at row // ROW_DIV; grid (R, NB) unless noted.
+@triton.jit
+def _stats_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV,
+                  pmax_ptr, psum_ptr, parg_ptr, cnt_ptr, mass_ptr, cand_n_ptr, zs_ptr,
+                  LP: tl.constexpr, LPP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr):
+    r, b = tl.program_id(0), tl.program_id(1)
+    inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
+    offs = b * BLOCK + tl.arange(0, BLOCK)
+    x = _load_x(logits_ptr + r.to(tl.int64) * stride, offs, V, inv_t)
+    m = tl.max(x, 0)
+    tl.store(pmax_ptr + r * NBP + b, m)
+    tl.store(psum_ptr + r * NBP + b, tl.sum(tl.exp(x - tl.where(m == float("-inf"), 0.0, m)), 0))
+    tl.store(parg_ptr + r * NBP + b, b * BLOCK + tl.argmax(x, 0))
+    if b == 0:  # zero this row's accumulators for the passes that follow
+        i = tl.arange(0, LPP)
+        tl.store(cnt_ptr + r * LP + i, 0, mask=i < LP)
+        tl.store(mass_ptr + r * LP + i, 0.0, mask=i < LP)
+        tl.store(cand_n_ptr + r, 0)
+        tl.store(zs_ptr + r, 0.0)
+
+
+@triton.jit
+def _level_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, psum_ptr, NB,
+                  st_ptr, piv_ptr, cnt_ptr, mass_ptr,
+                  LEVEL: tl.constexpr, NLEV: tl.constexpr, P: tl.constexpr, PG: tl.constexpr,
+                  CAP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr):
+    r, b = tl.program_id(0), tl.program_id(1)
+    inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
+    if kact | pact:
+        if LEVEL == 0:
+            M, Z = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
+            zero = tl.zeros([], tl.float32)
+            lo, hs, clo, chs, mlo, mhs = zero + float("-inf"), zero + float("inf"), zero + V, zero, Z, zero
+        else:
+            lo, hs, clo, chs, mlo, mhs, M, Z = _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, LEVEL, kact, pact,
+                                                           k, p, NLEV, P, CAP)
+        if b == 0:
+            _store_state(st_ptr + (r * (NLEV + 1) + LEVEL) * 8, lo, hs, clo, chs, mlo, mhs, M, Z)
+        resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
+        if ~tie & ~fits:
+            t = _pivots(lo, hs, M, LEVEL, P)
+            data = (r * NLEV + LEVEL) * P
+            if b == 0:
+                tl.store(piv_ptr + data + tl.arange(0, P), t)
+            offs = b * BLOCK + tl.arange(0, BLOCK)
+            x = _load_x(logits_ptr + r.to(tl.int64) * stride, offs, V, inv_t)
+            xb = tl.where((x >= lo) & (x < hs), x, float("-inf"))   # bracket elements; the rest is known
+            if tl.max(xb, 0) > float("-inf"):
+                e = tl.exp(xb - M)
+                t2 = tl.reshape(t, [P // PG, PG])
+                gi = tl.arange(0, P // PG)[:, None]
+                for g in tl.static_range(P // PG):
+                    tg = tl.sum(tl.where(gi == g, t2, 0.0), 0)
+                    ge = xb[:, None] >= tg[None, :]
+                    tl.atomic_add(cnt_ptr + data + g * PG + tl.arange(0, PG), tl.sum(ge.to(tl.int32), 0))
+                    if pact & ~kact:   # masses only steer top-p-only rows
+                        tl.atomic_add(mass_ptr + data + g * PG + tl.arange(0, PG),
+                                      tl.sum(tl.where(ge, e[:, None], 0.0), 0))
+
+
+@triton.jit
+def _compact_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, NB,
+                    st_ptr, piv_ptr, cnt_ptr, mass_ptr, cand_n_ptr, cand_val_ptr, cand_idx_ptr, zs_ptr,
+                    best_ptr, best_idx_ptr, seed_ptr, offset_ptr,
+                    NLEV: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr):
+    r, b = tl.program_id(0), tl.program_id(1)
+    inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
+    seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
+    offs = b * BLOCK + tl.arange(0, BLOCK)
+    x = _load_x(logits_ptr + r.to(tl.int64) * stride, offs, V, inv_t)
+    pm, _ = _combine_blocks(pmax_ptr + r * NBP, NB, NBP)
+    M = tl.max(pm, 0)
+    best, best_i = tl.zeros([], tl.float32) + float("-inf"), tl.zeros([], tl.int32)
+    if sampled:
+        t_race = tl.zeros([], tl.float32) + float("-inf")   # untruncated rows race everything here
+        if kact | pact:
+            lo, hs, clo, chs, mlo, mhs, M, Z = _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, NLEV, kact, pact,
+                                                           k, p, NLEV, P, CAP)
+            if b == 0:
+                _store_state(st_ptr + (r * (NLEV + 1) + NLEV) * 8, lo, hs, clo, chs, mlo, mhs, M, Z)
+            resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
+            hi = tl.where(kact, float("inf"), hs)   # top-k rows keep every element >= lo as a candidate
+            t_race = tl.where(resolved, lo, tl.where(fits, hi, float("inf")))
+            if resolved:
+                tl.atomic_add(zs_ptr + r, tl.sum(tl.where(x >= lo, tl.exp(x - M), 0.0), 0))
+            elif fits:
+                w = (x >= lo) & (x < hi)
+                base = tl.atomic_add(cand_n_ptr + r, tl.sum(w.to(tl.int32), 0))
+                pos = base + tl.cumsum(w.to(tl.int32), 0) - 1
+                tl.store(cand_val_ptr + r * CAP + pos, x, mask=w & (pos < CAP))
+                tl.store(cand_idx_ptr + r * CAP + pos, offs, mask=w & (pos < CAP))
+        sel = (offs < V) & (x >= t_race)
+        if tl.max(sel.to(tl.int32), 0) > 0:
+            best, best_i = _race(x, sel, M, offs, seed, r, off, RACE)
+    tl.store(best_ptr + r * NBP + b, best)
+    tl.store(best_idx_ptr + r * NBP + b, best_i)
+
+
+@triton.jit
+def _stream(row_ptr, V, inv_t, M, t, BLOCK: tl.constexpr):
+    """(count, mass) of x >= t over a whole row, by one program (the exact fallback)."""
+    c = tl.zeros([], tl.int32)
+    m = tl.zeros([], tl.float32)
+    for start in range(0, V, BLOCK):
+        x = _load_x(row_ptr, start + tl.arange(0, BLOCK), V, inv_t)
+        c += tl.sum((x >= t).to(tl.int32), 0)
+        m += tl.sum(tl.where(x >= t, tl.exp(x - M), 0.0), 0)
+    return c, m
+
+
+@triton.jit
+def _fallback(row_ptr, V, inv_t, M, Z, lo, hs, kact, pact, k, p, seed, r, off, BLOCK: tl.constexpr):
+    """Exact threshold by bisection over the fp32 order (one program, streaming the row per step), then the race."""
+    lo_k, hi_k = _key(lo), _key(hs)
+    tk = tl.zeros([], tl.float32) + float("-inf")
+    zk = Z
+    if kact:   # largest value with >= k elements at or above it
+        while hi_k - lo_k > 1:
+            mid = lo_k + (hi_k - lo_k) // 2
+            c, m = _stream(row_ptr, V, inv_t, M, _unkey(mid), BLOCK)
+            lo_k, hi_k = tl.where(c >= k, mid, lo_k), tl.where(c >= k, hi_k, mid)
+        tk = _unkey(lo_k)
+        c, zk = _stream(row_ptr, V, inv_t, M, tk, BLOCK)
+        lo_k, hi_k = _key(tk), _key(tl.zeros([], tl.float32) + float("inf"))
+    tp = tl.zeros([], tl.float32) + float("-inf")
+    if pact:   # largest value whose mass at or above it reaches p of the top-k mass
+        while hi_k - lo_k > 1:
+            mid = lo_k + (hi_k - lo_k) // 2
+            c, m = _stream(row_ptr, V, inv_t, M, _unkey(mid), BLOCK)
+            lo_k, hi_k = tl.where(m >= p * zk, mid, lo_k), tl.where(m >= p * zk, hi_k, mid)
+        tp = _unkey(lo_k)
+    tau = tl.minimum(tl.maximum(tk, tp), M)
+    c, zs = _stream(row_ptr, V, inv_t, M, tau, BLOCK)
+    best, best_i = tl.zeros([], tl.float32) + float("-inf"), tl.zeros([], tl.int32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = _load_x(row_ptr, offs, V, inv_t)
+        s, i = _race(x, (offs < V) & (x >= tau), M, offs, seed, r, off, RACE)
+        best_i = tl.where(s > best, i, best_i)
+        best = tl.maximum(s, best)
+    return tau, zs, best, best_i
+
+
+@triton.jit
+def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, psum_ptr, parg_ptr, NB,
+                    st_ptr, cand_n_ptr, cand_val_ptr, cand_idx_ptr, zs_ptr, best_ptr, best_idx_ptr,
+                    seed_ptr, offset_ptr, ticket_ptr, n_rows, d2t_ptr, ids_ptr, desc_ptr,
+                    NLEV: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
+                    HAS_D2T: tl.constexpr, ADVANCE: tl.constexpr):
+    """grid (R,): the token and descriptor of each row."""
+    r = tl.program_id(0)
+    inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
+    seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
+    M, Z = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
+    pm, i = _combine_blocks(pmax_ptr + r * NBP, NB, NBP)
+    tok = tl.load(parg_ptr + r * NBP + tl.min(tl.where(pm == M, i, NBP), 0))   # greedy: first argmax
+    tau, zs = M, tl.zeros([], tl.float32) + 1.0
+    if sampled:
+        bs, _ = _combine_blocks(best_ptr + r * NBP, NB, NBP)
+        best = tl.max(bs, 0)
+        tok = tl.load(best_idx_ptr + r * NBP + tl.argmax(bs, 0))
+        tau, zs = tl.zeros([], tl.float32) + float("-inf"), Z
+        if kact | pact:
+            lo, hs, clo, chs, mlo, mhs, M, Z = _load_state(st_ptr + (r * (NLEV + 1) + NLEV) * 8)
+            resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
+            row_ptr = logits_ptr + r.to(tl.int64) * stride
+            if resolved:
+                tau, zs = lo, tl.load(zs_ptr + r)
+            elif fits:
+                n = tl.load(cand_n_ptr + r)
+                j = tl.arange(0, CAP)
+                cv = tl.load(cand_val_ptr + r * CAP + j, mask=j < n, other=float("-inf"))
+                ci = tl.load(cand_idx_ptr + r * CAP + j, mask=j < n, other=0)
+                s = tl.sort(cv, descending=True)
+                e = tl.exp(s - M)
+                tk = tl.where(kact, tl.max(tl.where(j == k - 1, s, float("-inf")), 0), float("-inf"))
+                zk = tl.where(kact, tl.sum(tl.where(s >= tk, e, 0.0), 0), Z)
+                above = tl.where(kact, 0.0, mhs)                 # mass surely kept above the candidates
+                cum = above + tl.cumsum(e, 0)
+                first = tl.minimum(tl.min(tl.where(cum >= p * zk, j, CAP), 0), n - 1)
+                tp = tl.where(pact, tl.max(tl.where(j == first, s, float("-inf")), 0), float("-inf"))
+                tau = tl.minimum(tl.maximum(tk, tp), M)
+                zs = above + tl.sum(tl.where(s >= tau, e, 0.0), 0)
+                cbest, ctok = _race(cv, (j < n) & (cv >= tau), M, ci, seed, r, off, RACE)
+                tok = tl.where(cbest > best, ctok, tok)
+            else:
+                tau, zs, fbest, tok = _fallback(row_ptr, V, inv_t, M, Z, lo, hs, kact, pact, k, p, seed, r, off,
+                                                BLOCK)
+    if HAS_D2T:   # reduced draft vocabulary: target id = draft id + d2t[draft id]
+        tok += tl.load(d2t_ptr + tok)
+    tl.store(ids_ptr + r, tok)
+    tl.store(desc_ptr + r * 4 + 0, tl.where(sampled, inv_t, 0.0))
+    tl.store(desc_ptr + r * 4 + 1, M)
+    tl.store(desc_ptr + r * 4 + 2, tau)
+    tl.store(desc_ptr + r * 4 + 3, zs)
+    if ADVANCE:
+        _advance(offset_ptr, off, ticket_ptr, n_rows)
+
+
+@triton.jit
+def _advance(offset_ptr, off, ticket_ptr, n_programs):
+    """The last program of the last kernel to read `offset` advances it (graph replays draw fresh numbers)."""
+    tl.debug_barrier()
+    if tl.atomic_add(ticket_ptr, 1) == n_programs - 1:
+        tl.store(offset_ptr, off + 1)
+        tl.store(ticket_ptr, 0)
+
+
+# ------------------------------------------------------------------------------------------- rejection passes
+@triton.jit
+def _prob(logit, desc_ptr, mask):
+    """p(v) of a processed distribution from its descriptor (1/T, M, tau, Zs) and the raw logit."""
+    inv_t = tl.load(desc_ptr + 0, mask=mask, other=1.0)
+    x = logit.to(tl.float32) * inv_t
+    keep = mask & (x >= tl.load(desc_ptr + 2, mask=mask, other=0.0))
+    return tl.where(keep, tl.exp(x - tl.load(desc_ptr + 1, mask=mask, other=0.0))
+                    / tl.load(desc_ptr + 3, mask=mask, other=1.0), 0.0)
+
+
+@triton.jit
+def _residual_kernel(tlog_ptr, t_stride, V, dlog_ptr, d_stride, Vd, t2d_ptr, temp_ptr, K,
+                     tdesc_ptr, ddesc_ptr, seed_ptr, offset_ptr, best_ptr, best_idx_ptr,
+                     HAS_T2D: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr):
+    """grid (B·K, NB): per draft position, the race over r = max(p − q, 0) (the token emitted on rejection)."""
+    rr, blk = tl.program_id(0), tl.program_id(1)
+    bq = rr // K
+    rt = bq * (K + 1) + rr % K
+    best, best_i = tl.zeros([], tl.float32) + float("-inf"), tl.zeros([], tl.int32)
+    if tl.load(temp_ptr + bq) > 0.0:
+        seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < V
+        pv = _prob(tl.load(tlog_ptr + rt.to(tl.int64) * t_stride + offs, mask=valid, other=0.0),
+                   tdesc_ptr + rt * 4 + offs * 0, valid)
+        d = offs
+        if HAS_T2D:
+            d = tl.load(t2d_ptr + offs, mask=valid, other=-1)
+        dm = valid & (d >= 0) & (d < Vd)
+        qv = _prob(tl.load(dlog_ptr + rr.to(tl.int64) * d_stride + d, mask=dm, other=0.0),
+                   ddesc_ptr + rr * 4 + offs * 0, dm)
+        res = pv - qv
+        # log r − log E; the race picks argmax r / E
+        best, best_i = _race(tl.log(tl.where(res > 0, res, 1.0)), res > 0, 0.0, offs, seed, rr, off, RESIDUAL)
+    tl.store(best_ptr + rr * NBP + blk, best)
+    tl.store(best_idx_ptr + rr * NBP + blk, best_i)
+
+
+@triton.jit
+def _accept_kernel(tlog_ptr, t_stride, dlog_ptr, d_stride, Vd, t2d_ptr, draft_ids_ptr, temp_ptr, K,
+                   tdesc_ptr, ddesc_ptr, tids_ptr, best_ptr, best_idx_ptr, NB, seed_ptr, offset_ptr,
+                   ticket_ptr, B, out_ptr, n_emit_ptr,
+                   HAS_T2D: tl.constexpr, KP: tl.constexpr, NBP: tl.constexpr, ADVANCE: tl.constexpr):
+    """grid (B,): accept the longest draft prefix (ENGINE.md §2), then the correction or bonus token."""
+    b = tl.program_id(0)
+    seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
+    sampled = tl.load(temp_ptr + b) > 0.0
+    j = tl.arange(0, KP)
+    jd = j < K
+    dt = tl.load(draft_ids_ptr + b * K + j, mask=jd, other=0).to(tl.int32)
+    dd = dt
+    if HAS_T2D:
+        dd = tl.load(t2d_ptr + dt, mask=jd, other=-1)
+    rt, rd = b * (K + 1) + j, b * K + j
+    dm = jd & (dd >= 0) & (dd < Vd)
+    pv = _prob(tl.load(tlog_ptr + rt.to(tl.int64) * t_stride + dt, mask=jd, other=0.0), tdesc_ptr + rt * 4, jd)
+    qv = _prob(tl.load(dlog_ptr + rd.to(tl.int64) * d_stride + dd, mask=dm, other=0.0), ddesc_ptr + rd * 4, dm)
+    tid = tl.load(tids_ptr + rt, mask=j <= K, other=-1)   # each target row's own sample (argmax when greedy)
+    u = _uniform(seed, j, b, off, ACCEPT)
+    ok = tl.where(sampled, (qv > 0.0) & (u * qv <= pv), dt == tid)
+    a = tl.min(tl.where(jd & ~ok, j, K), 0)
+    emitted = tl.sum(tl.where(j == a, tid, 0), 0)
+    if sampled & (a < K):   # residual race of position a; r == 0 everywhere falls back to p (its own sample)
+        bs, _ = _combine_blocks(best_ptr + (b * K + a) * NBP, NB, NBP)
+        if tl.max(bs, 0) > float("-inf"):
+            emitted = tl.load(best_idx_ptr + (b * K + a) * NBP + tl.argmax(bs, 0))
+    tl.store(out_ptr + b * (K + 1) + j, tl.where(j < a, dt, tl.where(j == a, emitted, -1)), mask=j <= K)
+    tl.store(n_emit_ptr + b, a + 1)
+    if ADVANCE:
+        _advance(offset_ptr, off, ticket_ptr, B)
+
+
+# ------------------------------------------------------------------------------------------- host side
+def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace = None, *, rows_per_param=1,
+           d2t=None, advance=True):
+    """logits [R, V] -> (ids [R] int32, desc [R, 4]). seed, offset: int64 [1] device tensors; offset += 1 on
+    device when `advance`. d2t (reduced draft vocabulary): ids are mapped to target ids, desc stays in draft
+    space. Graph-safe when `ws` is passed (views of its buffers are returned)."""
+    R, V = logits.shape
+    assert logits.stride(1) == 1
+    ws = ws or SamplerWorkspace(R, V, logits.device)
+    assert R <= ws.rows and V == ws.vocab
+    c, nb, nbp = ws.cfg, ws.nb, ws.nbp
+    rows = (logits, logits.stride(0), V, params.temperature, params.top_k, params.top_p, rows_per_param)
+    wide = 1 if INTERPRET else 8
+    _stats_kernel[(R, nb)](*rows, ws.pmax, ws.psum, ws.parg, ws.cnt, ws.mass, ws.cand_n, ws.zs,
+                           LP=c.levels * c.pivots, LPP=triton.next_power_of_2(c.levels * c.pivots), BLOCK=c.block, NBP=nbp, num_warps=4)
+    for level in range(c.levels):
+        _level_kernel[(R, nb)](*rows, ws.pmax, ws.psum, nb, ws.state, ws.piv, ws.cnt, ws.mass,
+                               LEVEL=level, NLEV=c.levels, P=c.pivots, PG=c.group, CAP=c.cap, BLOCK=c.block,
+                               NBP=nbp, num_warps=wide)
+    _compact_kernel[(R, nb)](*rows, ws.pmax, nb, ws.state, ws.piv, ws.cnt, ws.mass, ws.cand_n, ws.cand_val,
+                             ws.cand_idx, ws.zs, ws.best, ws.best_idx, seed, offset,
+                             NLEV=c.levels, P=c.pivots, CAP=c.cap, BLOCK=c.block, NBP=nbp, num_warps=4)
+    _resolve_kernel[(R,)](*rows, ws.pmax, ws.psum, ws.parg, nb, ws.state, ws.cand_n, ws.cand_val, ws.cand_idx,
+                          ws.zs, ws.best, ws.best_idx, seed, offset, ws.ticket, R,
+                          ws.ids if d2t is None else d2t, ws.ids, ws.desc,
+                          NLEV=c.levels, CAP=c.cap, BLOCK=c.block, NBP=nbp, HAS_D2T=d2t is not None,
+                          ADVANCE=advance, num_warps=wide)
+    return ws.ids[:R], ws.desc[:R]
+
+
+def sample_drafts(draft_logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace = None, d2t=None):
+    """Drafts from the request's truncated distribution (ENGINE.md §2): (target-space ids [R], q descriptors [R, 4]).
+    Keep the descriptors of the k steps as [B, k, 4] for rejection_sample."""
+    return sample(draft_logits, params, seed, offset, ws, d2t=d2t)
+
+
+def target_to_draft(d2t, vocab):
+    """Inverse of a reduced draft vocabulary's d2t: t2d [vocab] int32, −1 where the target id has no draft id."""
+    draft = torch.arange(d2t.shape[0], device=d2t.device)
+    t2d = torch.full((vocab,), -1, dtype=torch.int32, device=d2t.device)
+    t2d[draft + d2t.long()] = draft.int()
+    return t2d
+
+
+class RejectionWorkspace:
+    """Buffers of rejection_sample for B sequences with k drafts, allocated once before graph capture."""
+
+    def __init__(self, batch, k, vocab, draft_vocab, device, cfg: SamplerConfig = SamplerConfig()):
+        self.batch, self.k = batch, k
+        self.target = SamplerWorkspace(batch * (k + 1), vocab, device, cfg)
+        self.draft = SamplerWorkspace(batch * k, draft_vocab, device, cfg)
+        self.best = torch.empty(batch * k, self.target.nbp, dtype=torch.float32, device=device)
+        self.best_idx = torch.empty(batch * k, self.target.nbp, dtype=torch.int32, device=device)
+        self.out = torch.empty(batch, k + 1, dtype=torch.int32, device=device)
+        self.num_emitted = torch.empty(batch, dtype=torch.int32, device=device)
+        self.ticket = torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def rejection_sample(target_logits, draft_logits, draft_ids, params: SamplingTensors, seed, offset,
+                     ws: RejectionWorkspace = None, draft_desc=None, t2d=None):
+    """Exact speculative verification (ENGINE.md §2).
+
+    target_logits [B, k+1, V]; draft_logits [B, k, Vd]; draft_ids [B, k] target-space ids; params per sequence;
+    draft_desc [B, k, 4] from sample_drafts (recomputed from draft_logits when None); t2d from target_to_draft when
+    the draft vocabulary is reduced. Returns (out_ids [B, k+1] int32: accepted drafts, the correction or bonus,
+    then −1; num_emitted [B] int32 = accepted + 1). Advances offset by one."""
+    B, K1, V = target_logits.shape
+    K, Vd = K1 - 1, draft_logits.shape[-1]
+    ws = ws or RejectionWorkspace(B, K, V, Vd, target_logits.device)
+    t_rows, d_rows = target_logits.view(B * K1, V), draft_logits.view(B * K, Vd)
+    t_ids, t_desc = sample(t_rows, params, seed, offset, ws.target, rows_per_param=K1, advance=False)
+    if draft_desc is None:
+        draft_desc = sample(d_rows, params, seed, offset, ws.draft, rows_per_param=K, advance=False)[1]
+    d_desc = draft_desc.view(B * K, 4)
+    nb, nbp, block = ws.target.nb, ws.target.nbp, ws.target.cfg.block
+    t2d_arg = t2d if t2d is not None else t_ids
+    _residual_kernel[(B * K, nb)](t_rows, t_rows.stride(0), V, d_rows, d_rows.stride(0), Vd, t2d_arg,
+                                  params.temperature, K, t_desc, d_desc, seed, offset, ws.best, ws.best_idx,
+                                  HAS_T2D=t2d is not None, BLOCK=block, NBP=nbp, num_warps=4)
+    _accept_kernel[(B,)](t_rows, t_rows.stride(0), d_rows, d_rows.stride(0), Vd, t2d_arg, draft_ids,
+                         params.temperature, K, t_desc, d_desc, t_ids, ws.best, ws.best_idx, nb, seed, offset,
+                         ws.ticket, B, ws.out, ws.num_emitted,
+                         HAS_T2D=t2d is not None, KP=triton.next_power_of_2(K + 1), NBP=nbp, ADVANCE=True,
+                         num_warps=1)
+    return ws.out[:B], ws.num_emitted[:B]

@@ -1,0 +1,293 @@
+"""kernels/sampler.py against kernels/sampler_ref.py: exact supports (ties included) on every resolution path,
+greedy == first argmax, descriptors == reference probabilities, χ² tests of the sampled and of the speculatively
+emitted token distributions, device-side RNG offset, reduced draft vocabulary. CPU runs use the interpreter with
+small shapes; the @gpu tests use the 248,320 vocabulary and many more rows."""
+import math
+
+import pytest
+import torch
+
+from kernels import sampler as S
+from kernels import sampler_ref as ref
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL = S.SamplerConfig(block=64, pivots=8, group=4, cap=32, levels=2)
+
+
+def rng(seed=0, offset=0):
+    return (torch.tensor([seed], dtype=torch.int64, device=DEV), torch.tensor([offset], dtype=torch.int64, device=DEV))
+
+
+def chi2_ok(counts, probs, alpha_z=3.09):
+    """χ² goodness of fit over the bins with positive probability; no sample may fall outside them.
+    Threshold: the Wilson–Hilferty approximation of the (1 − 1e-3) quantile."""
+    counts, probs = counts.double().cpu(), probs.double().cpu()
+    support = probs > 0
+    assert counts[~support].sum() == 0, "sampled a token outside the support"
+    n = counts.sum()
+    exp = probs[support] / probs[support].sum() * n
+    stat = ((counts[support] - exp) ** 2 / exp).sum().item()
+    df = int(support.sum()) - 1
+    if df == 0:
+        return True
+    limit = df * (1 - 2 / (9 * df) + alpha_z * math.sqrt(2 / (9 * df))) ** 3
+    assert stat < limit, f"chi2 {stat:.1f} >= {limit:.1f} (df {df})"
+    return True
+
+
+def modes(ws, R, params, V):
+    """How each row was resolved: 'greedy', 'all', 'tie', 'cand' or 'fallback' (from the final bracket state)."""
+    st = ws.state[:R, ws.cfg.levels].cpu()
+    out = []
+    for r in range(R):
+        t, k, p = params.temperature[r].item(), params.top_k[r].item(), params.top_p[r].item()
+        kact, pact = t > 0 and 0 < k < V, t > 0 and p < 1
+        if t <= 0:
+            out.append("greedy")
+            continue
+        if not (kact or pact):
+            out.append("all")
+            continue
+        lo, hs, clo, chs, M = st[r, 0].item(), st[r, 1].item(), st[r, 2].item(), st[r, 3].item(), st[r, 6].item()
+        key = lambda v: (lambda b: b ^ 0x7FFFFFFF if b < 0 else b)(torch.tensor([v + 0.0]).view(torch.int32).item())
+        tie = key(hs) - key(lo) <= 1 or lo >= M
+        fits = clo - (0 if kact else chs) <= ws.cfg.cap
+        out.append("tie" if tie and not (kact and pact) else "cand" if fits else "fallback")
+    return out
+
+
+def check_rows(logits, params, cfg):
+    R, V = logits.shape
+    ws = S.SamplerWorkspace(R, V, DEV, cfg)
+    seed, offset = rng(7)
+    ids, desc = S.sample(logits, params, seed, offset, ws)
+    want = ref.support(logits, params.temperature, params.top_k, params.top_p)
+    x = ref.scaled_logits(logits, params.temperature)
+    greedy = params.temperature <= 0
+    got = torch.where(greedy[:, None], torch.zeros_like(want).scatter(1, ids.long()[:, None], True),
+                      x >= desc[:, 2:3])
+    bad = (got != want).any(1).nonzero().flatten().tolist()
+    assert not bad, f"support differs in rows {bad}"
+    assert want.gather(1, ids.long()[:, None]).all(), "sampled outside the support"
+    # the descriptor reproduces the processed distribution
+    p = torch.where(got, torch.exp(x - desc[:, 1:2]) / desc[:, 3:4], torch.zeros_like(x))
+    p_ref = ref.probabilities(logits, params.temperature, params.top_k, params.top_p)
+    sampled = ~greedy
+    err = (p - p_ref)[sampled].abs().max() / p_ref[sampled].abs().max()
+    assert err < 1e-5, err
+    assert offset.item() == 1
+    return modes(ws, R, params, V)
+
+
+def tie_heavy_logits(R, V, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.randint(-12, 13, (R, V), generator=g) * 0.5                 # many exact ties
+    fine = torch.randn(R, V, generator=g) * 3
+    mix = torch.where(torch.rand(R, 1, generator=g) < 0.5, coarse, fine)
+    return mix.to(dtype).to(DEV)
+
+
+PARAMS = [  # (temperature, top_k, top_p): greedy, untruncated, each filter alone, both, extremes
+    (0.0, 0, 1.0), (1.0, 0, 1.0), (1.0, 20, 1.0), (0.5, 0, 0.9), (1.0, 20, 0.95), (2.0, 5, 0.5), (1.0, 1, 1.0),
+    (0.5, 0, 0.3), (2.0, 150, 0.99), (1.0, 37, 0.0), (0.25, 3, 0.8), (1.0, 0, 0.999),
+]
+
+
+@pytest.mark.parametrize("cfg, dtype", [
+    (S.SamplerConfig(block=64, pivots=8, group=4, cap=128, levels=1), torch.float32),   # fits without levels
+    (SMALL, torch.bfloat16),                                                            # levels narrow, then sort
+    (S.SamplerConfig(block=64, pivots=8, group=4, cap=4, levels=1), torch.bfloat16),    # overflow -> bisection
+])
+def test_support_descriptor_and_paths(cfg, dtype):
+    R, V = len(PARAMS), 120
+    t, k, p = zip(*PARAMS)
+    params = S.SamplingTensors.of(list(t), list(k), list(p), DEV)
+    seen = check_rows(tie_heavy_logits(R, V, dtype, seed=cfg.cap), params, cfg)
+    if cfg.cap == 4:
+        assert "fallback" in seen and "tie" in seen, seen
+    if cfg is SMALL:
+        assert "cand" in seen, seen
+
+
+def test_greedy_first_argmax_and_equal_logits():
+    V = 200
+    logits = torch.zeros(4, V, device=DEV)
+    logits[1, [7, 90, 150]] = 3.0                       # tied maxima in different blocks: first index wins
+    logits[2, 150] = 1.0
+    logits[3, V - 1] = 5.0                              # the rest all tie: top-k keeps them, top-p drops them
+    params = S.SamplingTensors.of([0.0, 0.0, 0.0, 1.0], [0, 0, 0, 4], [1.0, 1.0, 1.0, 0.3], DEV)
+    ids, desc = S.sample(logits, params, *rng(), S.SamplerWorkspace(4, V, DEV, SMALL))
+    assert ids.tolist()[:3] == [0, 7, 150] and ids[3].item() == V - 1
+
+
+def test_race_distribution_chi2():
+    """Identical rows, independent draws: the empirical distribution matches the processed one."""
+    V, R = 8, 96
+    g = torch.Generator().manual_seed(3)
+    base = (torch.randn(1, V, generator=g) * 1.5).to(DEV)
+    for t, k, p in [(1.0, 0, 1.0), (0.8, 5, 0.9)]:
+        params = S.SamplingTensors.of([t] * R, [k] * R, [p] * R, DEV)
+        ws = S.SamplerWorkspace(R, V, DEV, S.SamplerConfig(block=8, pivots=4, group=4, cap=8, levels=1))
+        ids, _ = S.sample(base.repeat(R, 1), params, *rng(11), ws)
+        probs = ref.probabilities(base, params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+        chi2_ok(torch.bincount(ids.long(), minlength=V), probs)
+
+
+def test_offset_advances_on_device():
+    V, R = 64, 16
+    logits = torch.randn(R, V, device=DEV)
+    params = S.SamplingTensors.of([1.0] * R, [0] * R, [1.0] * R, DEV)
+    ws = S.SamplerWorkspace(R, V, DEV, SMALL)
+    seed, offset = rng(5, 41)
+    a = S.sample(logits, params, seed, offset, ws)[0].clone()
+    assert offset.item() == 42
+    b = S.sample(logits, params, seed, offset, ws)[0].clone()
+    offset.fill_(41)
+    c = S.sample(logits, params, seed, offset, ws)[0].clone()
+    assert torch.equal(a, c) and not torch.equal(a, b)
+
+
+def test_sample_drafts_maps_reduced_vocabulary():
+    Vd, V, R = 40, 100, 6
+    g = torch.Generator().manual_seed(1)
+    draft_to_target = torch.randperm(V, generator=g)[:Vd].sort().values
+    d2t = (draft_to_target - torch.arange(Vd)).int().to(DEV)
+    logits = torch.randn(R, Vd, generator=g).to(DEV)
+    params = S.SamplingTensors.of([0.0, 1.0, 1.0, 0.7, 0.0, 1.0], [0, 5, 0, 3, 0, 1], [1.0, 0.9, 1.0, 1.0, 1.0, 1.0],
+                                  DEV)
+    ids, desc = S.sample_drafts(logits, params, *rng(), S.SamplerWorkspace(R, Vd, DEV, SMALL), d2t=d2t)
+    local = (ids.cpu().long()[:, None] == draft_to_target[None]).int().argmax(1)
+    assert torch.equal(draft_to_target[local], ids.cpu().long())
+    assert ref.support(logits, params.temperature, params.top_k, params.top_p).cpu().gather(1, local[:, None]).all()
+    assert local[0] == logits[0].argmax().cpu() and local[5] == logits[5].argmax().cpu()
+    t2d = S.target_to_draft(d2t, V)
+    assert torch.equal(t2d[draft_to_target.to(DEV)].cpu(), torch.arange(Vd, dtype=torch.int32))
+    assert (t2d >= 0).sum() == Vd
+
+
+def speculate(target_logits, draft_logits, params, cfg, seed=0, d2t=None):
+    """Draft k tokens per sequence with sample_drafts, then verify them with rejection_sample."""
+    B, K1, V = target_logits.shape
+    K, Vd = K1 - 1, draft_logits.shape[-1]
+    ws = S.RejectionWorkspace(B, K, V, Vd, DEV, cfg)
+    seed_t, offset = rng(seed)
+    dws = S.SamplerWorkspace(B, Vd, DEV, cfg)
+    drafts, descs = [], []
+    for i in range(K):
+        ids, desc = S.sample_drafts(draft_logits[:, i].contiguous(), params, seed_t, offset, dws, d2t=d2t)
+        drafts.append(ids.clone())
+        descs.append(desc.clone())
+    drafts, descs = torch.stack(drafts, 1), torch.stack(descs, 1)
+    t2d = S.target_to_draft(d2t, V) if d2t is not None else None
+    out, n = S.rejection_sample(target_logits, draft_logits, drafts, params, seed_t, offset, ws, descs, t2d)
+    assert offset.item() == K + 1
+    return drafts, out.clone(), n.clone()
+
+
+def test_rejection_greedy_matches_reference():
+    B, K, V = 5, 3, 50
+    g = torch.Generator().manual_seed(2)
+    target = torch.randn(B, K + 1, V, generator=g)
+    draft = target[:, :K] + 0.8 * torch.randn(B, K, V, generator=g)         # drafts agree often, not always
+    params = S.SamplingTensors.of([0.0] * B, [0] * B, [1.0] * B, DEV)
+    drafts, out, n = speculate(target.to(DEV), draft.to(DEV), params, SMALL)
+    assert torch.equal(drafts.cpu(), draft.argmax(-1).int())
+    onehot = lambda lg: torch.nn.functional.one_hot(lg.argmax(-1), V).float()
+    out_ref, n_ref = ref.rejection_sample(onehot(target), onehot(draft), drafts.cpu().long(), torch.ones(B, dtype=bool))
+    assert torch.equal(out.cpu(), out_ref) and torch.equal(n.cpu(), n_ref)
+    assert 1 < n.float().mean() < K + 1
+
+
+def emitted_match_target(target, out, n, params, tol_rows=10):
+    """Token j of the emitted sequence, where emitted, follows the target distribution of row j."""
+    K1 = target.shape[1]
+    for j in range(K1):
+        rows = n > j
+        if rows.sum() < tol_rows:
+            continue
+        probs = ref.probabilities(target[0, j:j + 1], params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+        chi2_ok(torch.bincount(out[rows, j].long(), minlength=target.shape[-1]), probs)
+
+
+def test_rejection_emits_target_distribution():
+    """Identical sequences: each emitted position is distributed as the target row, whatever the drafts were.
+    The draft head knows tokens 1..4 only (reduced vocabulary): the others come from the residual alone."""
+    B, K, V, Vd = 48, 2, 6, 4
+    g = torch.Generator().manual_seed(4)
+    target = torch.randn(1, K + 1, V, generator=g).repeat(B, 1, 1).to(DEV)
+    draft = torch.randn(1, K, Vd, generator=g).repeat(B, 1, 1).to(DEV)
+    d2t = torch.ones(Vd, dtype=torch.int32, device=DEV)
+    params = S.SamplingTensors.of([1.0] * B, [0] * B, [1.0] * B, DEV)
+    cfg = S.SamplerConfig(block=8, pivots=4, group=4, cap=8, levels=1)
+    drafts, out, n = speculate(target, draft, params, cfg, seed=9, d2t=d2t)
+    assert ((out >= 0).sum(1) == n).all() and (out[:, :K] == drafts).logical_or(out[:, :K] < 0).logical_or(
+        torch.arange(K, device=DEV)[None] >= n[:, None] - 1).all()
+    emitted_match_target(target.cpu(), out.cpu(), n.cpu(), params)
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+def llm_like_logits(R, V, seed):
+    """A bulk of random logits plus a few dozen strongly preferred tokens, in bf16 (realistic ties)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(R, V, device="cuda", generator=g) * 2.0
+    top = torch.randint(0, V, (R, 64), device="cuda", generator=g)
+    x.scatter_add_(1, top, torch.rand(R, 64, device="cuda", generator=g) * 12)
+    return x.to(torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_support_full_vocab():
+    V = 248320
+    t, k, p = zip(*(PARAMS + [(1.0, 1024, 1.0), (1.0, 1024, 0.95), (1.5, 0, 0.95), (0.6, 20, 0.95)]))
+    params = S.SamplingTensors.of(list(t), list(k), list(p), DEV)
+    check_rows(llm_like_logits(len(t), V, 0), params, S.SamplerConfig())
+    check_rows(tie_heavy_logits(len(t), V, torch.bfloat16, 1), params, S.SamplerConfig())
+
+
+@pytest.mark.gpu
+def test_gpu_chi2_many_rows():
+    V, R = 64, 1 << 16
+    base = torch.randn(1, V, device=DEV) * 2
+    for t, k, p in [(1.0, 0, 1.0), (0.7, 20, 0.9), (1.0, 0, 0.8)]:
+        params = S.SamplingTensors.of([t] * R, [k] * R, [p] * R, DEV)
+        ids, _ = S.sample(base.repeat(R, 1), params, *rng(3))
+        probs = ref.probabilities(base, params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+        chi2_ok(torch.bincount(ids.long(), minlength=V), probs)
+
+
+@pytest.mark.gpu
+def test_gpu_rejection_chi2_many_sequences():
+    B, K, V = 1 << 15, 3, 16
+    target = torch.randn(1, K + 1, V, device=DEV).repeat(B, 1, 1)
+    draft = torch.randn(1, K, V, device=DEV).repeat(B, 1, 1)
+    params = S.SamplingTensors.of([0.9] * B, [10] * B, [0.95] * B, DEV)
+    drafts, out, n = speculate(target, draft, params, S.SamplerConfig(), seed=5)
+    emitted_match_target(target.cpu(), out.cpu(), n.cpu(), params, tol_rows=1000)
+    # acceptance rate of the first draft = Σ min(p, q)
+    p = ref.probabilities(target[0, :1], params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+    q = ref.probabilities(draft[0, :1], params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+    rate, want = (n > 1).float().mean().item(), torch.minimum(p, q).sum().item()
+    assert abs(rate - want) < 4 * math.sqrt(want * (1 - want) / B) + 1e-3, (rate, want)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_draws_fresh_tokens():
+    V, R = 248320, 5
+    logits = llm_like_logits(R, V, 2)
+    params = S.SamplingTensors.of([1.0] * R, [0] * R, [1.0] * R, DEV)   # untruncated: draws vary most
+    ws = S.SamplerWorkspace(R, V, DEV)
+    seed, offset = rng(1)
+    S.sample(logits, params, seed, offset, ws)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids, _ = S.sample(logits, params, seed, offset, ws)
+    start = offset.item()
+    draws = []
+    for _ in range(3):
+        graph.replay()
+        draws.append(ids.clone())
+    torch.cuda.synchronize()
+    assert offset.item() == start + 3
+    assert not torch.equal(draws[0], draws[1])
+    offset.fill_(start)
+    assert torch.equal(S.sample(logits, params, seed, offset, ws)[0], draws[0])
