@@ -8,11 +8,12 @@ import os
 import torch
 import torch.nn.functional as F
 
-from bench.harness import row, time_us
+from bench.harness import measure_bandwidth, row, time_us
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
                                       kv_format, verify_attention)
 from kernels.kv_write import write_kv
+from tests.test_attention_kernels import LAUNCH_CONFIGS, PREFILL_CONFIGS
 
 HQ, HKV, D, Q_LEN = 24, 4, 256, 5
 BATCHES, CONTEXTS = (1, 8, 64), (1536, 16384, 65536)
@@ -48,9 +49,12 @@ def time_verify(case, nseg, partials, **kw):
 
 def verify_rows(peak, sms):
     rows_out = []
+    partials = alloc_partials(max(BATCHES), HQ, 8, 64, D, DEV)
+    floor = make_case(1, 64, fp8=True)  # one tile: the fixed cost of the two launches
+    rows_out.append(row("attn_verify[floor]", "B1 ctx64 q5", time_verify(floor, 32, partials), verify_bytes(1, 64, 1),
+                        0, peak, nseg=32))
     for B, ctx in itertools.product(BATCHES, CONTEXTS):
         nseg = choose_nseg(B, HKV, sms)
-        partials = alloc_partials(B, HQ, 8, 64, D, DEV)
         case = make_case(B, ctx, fp8=True)
         fmts = [kv_format(case[1])] + ([KV_FP8_BITS] if kv_format(case[1]) != KV_FP8_BITS else [])
         for fmt in fmts:
@@ -86,25 +90,38 @@ def sdpa_row(case, ctx, peak):
 
 
 def sweep_rows(peak):
-    """Launch configurations of the fp8 verify kernel: format × BLOCK_N × warps × stages × segments."""
+    """Launch configurations (the same ones tests/test_attention_kernels.py checks on the GPU): verify at B 1 by
+    format × (BLOCK_N, warps, stages) × segments, segments at B 8 / 64, prefill tiles."""
     rows_out = []
-    partials = alloc_partials(64, HQ, 8, 128, D, DEV)
-    configs = [(KV_FP8_NATIVE, bn, nw, ns) for bn, nw, ns in itertools.product((32, 64), (4, 8), (2, 3))]
-    configs += [(KV_FP8_BITS, bn, nw, 2) for bn, nw in itertools.product((32, 64), (4, 8))]
-    for ctx in (1536, 16384):
+    partials = alloc_partials(64, HQ, 8, 64, D, DEV)
+    configs = [(KV_FP8_NATIVE, *c) for c in LAUNCH_CONFIGS] + [(KV_FP8_BITS, *c) for c in LAUNCH_CONFIGS[1:4:2]]
+    for ctx in (1536, 16384, 65536):
         case = make_case(1, ctx, fp8=True)
-        for (fmt, bn, nw, ns), nseg in itertools.product(configs, (16, 32, 64, 128)):
+        for (fmt, bn, nw, ns), nseg in itertools.product(configs, (16, 32, 64)):
             us = time_verify(case, nseg, partials, kv_fmt=fmt, block_n=bn, num_warps=nw, num_stages=ns)
             rows_out.append(row(f"sweep[{FMT_NAME[fmt]}]", f"B1 ctx{ctx} bn{bn} w{nw} s{ns} nseg{nseg}", us,
                                 verify_bytes(1, ctx, 1), 0, peak))
-    for B in (8, 64):
+    for B, nsegs in ((8, (4, 8, 16)), (64, (1, 2, 4))):
         case = make_case(B, 16384, fp8=True)
-        for nseg in (1, 2, 4, 8, 16):
+        for nseg in nsegs:
             us = time_verify(case, nseg, partials)
             rows_out.append(row("sweep[default fmt]", f"B{B} ctx16384 nseg{nseg}", us, verify_bytes(B, 16384, 1),
                                 0, peak))
         del case
+    for fp8, (bm, bn, nw, ns) in itertools.product((True, False), PREFILL_CONFIGS):
+        us, nbytes, flops = time_prefill(2048, fp8, block_m=bm, block_n=bn, num_warps=nw, num_stages=ns)
+        rows_out.append(row(f"sweep[prefill {'fp8' if fp8 else 'bf16'}]", f"T2048 bm{bm} bn{bn} w{nw} s{ns}", us,
+                            nbytes, flops, peak, TFLOPs=round(flops / us / 1e6, 1)))
     return rows_out
+
+
+def time_prefill(T, fp8, **kw):
+    """(µs, bytes, FLOPs) of a T-token prefill from an empty cache (KV already written)."""
+    _, kc, vc, ks, vs, rows, lens = make_case(1, T, fp8)
+    q = torch.randn(1, T, HQ, D, device=DEV, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    us = time_us(lambda: prefill_attention(q, kc, vc, ks, vs, rows, lens, out, **kw))
+    return us, T * HKV * D * 2 * (1 if fp8 else 2) + 2 * T * HQ * D * 2, 4 * HQ * D * T * (T + 1) / 2
 
 
 def write_and_prefill_rows(peak):
@@ -116,14 +133,9 @@ def write_and_prefill_rows(peak):
     v = torch.randn_like(k)
     us = time_us(lambda: write_kv(k, v, kc, vc, ks, vs, rows, lens))
     rows_out.append(row("kv_write[fp8]", f"B{B} n{n_new}", us, B * n_new * HKV * D * (2 * 2 + 2), 0, peak))
-    for T, fp8 in ((2048, True), (2048, False)):
-        q, kc, vc, ks, vs, rows, lens = make_case(1, T, fp8)
-        out = torch.empty(1, T, HQ, D, device=DEV, dtype=torch.bfloat16)
-        q = torch.randn_like(out)
-        us = time_us(lambda: prefill_attention(q, kc, vc, ks, vs, rows, lens, out))
-        flops = 4 * HQ * D * T * (T + 1) / 2
-        rows_out.append(row(f"attn_prefill[{'fp8' if fp8 else 'bf16'}]", f"B1 T{T} from 0", us,
-                            T * HKV * D * 2 * (1 if fp8 else 2) + 2 * T * HQ * D * 2, flops, peak,
+    for fp8 in (True, False):
+        us, nbytes, flops = time_prefill(2048, fp8)
+        rows_out.append(row(f"attn_prefill[{'fp8' if fp8 else 'bf16'}]", "B1 T2048 from 0", us, nbytes, flops, peak,
                             TFLOPs=round(flops / us / 1e6, 1)))
     return rows_out
 
@@ -133,5 +145,9 @@ def run(peak_Bps):
     rows_out = verify_rows(peak_Bps, sms) + write_and_prefill_rows(peak_Bps)
     if os.environ.get("ATTN_SWEEP") == "1":
         rows_out += sweep_rows(peak_Bps)
+    # these kernels only read (KV) in bulk: also give the fraction of the measured read bandwidth
+    read_Bps = measure_bandwidth()["read_Bps"]
+    for r in rows_out:
+        r["frac_read"] = round(r["bytes"] / (r["us"] * 1e-6) / read_Bps, 3)
     return rows_out
 

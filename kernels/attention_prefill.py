@@ -7,9 +7,7 @@ token's causal limit. Plain-torch reference: attention_verify.attention_ref (sam
 from kernels.attention_verify import attend
 
 
-def prefill_attention(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, block_m=64, block_n=32,
-                      num_warps=8, **kw):
-    """q, out [B, T, Hq, D]: token t of row b sits at position kv_lens[b] - T + t. Caches, scales, rows: see
-    attention_verify.attend. At D 256, 64 × 32 tiles keep q + K + V in shared memory under sm_86's 99 KiB."""
-    return attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, nseg=1, block_m=block_m,
-                  block_n=block_n, num_warps=num_warps, **kw)
+def prefill_attention(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, block_m=64, **kw):
+    """q, out [B, T, Hq, D]: token t of row b sits at position kv_lens[b] - T + t. Caches, scales, rows and the
+    launch options (block_n, num_warps, num_stages; defaults per GPU): see attention_verify.attend."""
+    return attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, nseg=1, block_m=block_m, **kw)

@@ -93,13 +93,14 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
         for n0 in range(start, hi, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             in_kv = offs_n < hi
-            kv_offs = offs_n[:, None] * s_cn + offs_d[None, :]
-            k = _load_kv(k_base + kv_offs, in_kv[:, None], KV_FMT)
-            v = _load_kv(v_base + kv_offs, in_kv[:, None], KV_FMT)
+            # K is loaded already transposed: with only elementwise ops between the load and the dot, Triton
+            # decodes in the dot-operand layout instead of a second trip through shared memory
+            kt = _load_kv(k_base + offs_d[:, None] + offs_n[None, :] * s_cn, in_kv[None, :], KV_FMT)
+            v = _load_kv(v_base + offs_n[:, None] * s_cn + offs_d[None, :], in_kv[:, None], KV_FMT)
             if DOT_FP32:
-                k = k.to(tl.float32)
+                kt = kt.to(tl.float32)
                 v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * score_scale
+            s = tl.dot(q, kt) * score_scale
             s = tl.where((offs_n[None, :] <= last[:, None]) & in_kv[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
@@ -167,14 +168,24 @@ def alloc_partials(batch_max: int, num_q_heads: int, q_max: int, nseg_max: int, 
     return torch.empty(batch_max, num_q_heads, q_max, nseg_max, head_dim + 2, dtype=torch.float32, device=device)
 
 
-def choose_nseg(batch: int, num_kv_heads: int, num_sms: int, nseg_max: int = 64) -> int:
-    """KV segments per (sequence, kv head) for a batch bucket: about two programs per SM when contexts are long;
-    short contexts use fewer automatically (a segment is at least one tile)."""
-    return max(1, min(nseg_max, math.ceil(2 * num_sms / (batch * num_kv_heads))))
+def choose_nseg(batch: int, num_kv_heads: int, num_sms: int, nseg_max: int = 32) -> int:
+    """KV segments per (sequence, kv head) for a batch bucket: as many as fit one wave of two programs per SM
+    (a second, partial wave cost 1.5x at B 8 on the H200), at most 32 (64 was no faster at B 1 and doubles the
+    partials). Short contexts use fewer automatically: a segment is at least one tile."""
+    return max(1, min(nseg_max, 2 * num_sms // (batch * num_kv_heads)))
+
+
+@functools.lru_cache(maxsize=None)
+def default_launch(block_m: int, capability: tuple) -> tuple:
+    """(BLOCK_N, num_warps, num_stages) at D 256. sm_90: the fastest of the H200 sweep (bench/kernels_attn.py);
+    below sm_90 half-height tiles and two stages, to stay inside sm_86's 99 KiB of shared memory."""
+    if capability < (9, 0):
+        return 32, 4, 2
+    return (64, 4, 3) if block_m <= 32 else (32, 8, 2)
 
 
 def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials=None, nseg=1,
-           block_m=None, block_n=None, kv_fmt=None, num_warps=4, num_stages=2):
+           block_m=None, block_n=None, kv_fmt=None, num_warps=None, num_stages=None):
     """Attention of the q_len new tokens of each row over its cache (which already holds them).
     q, out [B, q_len, Hq, D]; caches [slots, Hkv, max_len, D] (uint8 e4m3 codes or bf16); scales [Hkv] fp32
     (None for bf16); cache_rows, kv_lens [B] int32; partials from alloc_partials when nseg > 1.
@@ -191,7 +202,9 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         k_scale = v_scale = cache_rows  # unused pointer arguments
     rows = q_len * G
     block_m = block_m or max(16, triton.next_power_of_2(rows))
-    block_n = block_n or (64 if block_m <= 32 or D <= 128 else 32)
+    capability = torch.cuda.get_device_capability(q.device) if q.is_cuda else (9, 0)
+    dflt_n, dflt_warps, dflt_stages = default_launch(block_m, capability)
+    block_n, num_warps, num_stages = block_n or dflt_n, num_warps or dflt_warps, num_stages or dflt_stages
     n_tiles = triton.cdiv(rows, block_m)
     split = nseg > 1
     if split:

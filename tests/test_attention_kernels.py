@@ -155,8 +155,8 @@ def test_prefill_attention(fp8):
 
 
 def test_choose_nseg():
-    assert choose_nseg(1, 4, 132) == 64 and choose_nseg(8, 4, 132) == 9 and choose_nseg(64, 4, 132) == 2
-    assert choose_nseg(512, 4, 82) == 1
+    assert choose_nseg(1, 4, 132) == 32 and choose_nseg(8, 4, 132) == 8 and choose_nseg(64, 4, 132) == 1
+    assert choose_nseg(16, 4, 82) == 2 and choose_nseg(512, 4, 82) == 1
 
 
 # ---- GPU, 27B shapes -------------------------------------------------------------------------------------
@@ -176,12 +176,40 @@ def test_verify_attention_27b(kv_fmt, nseg):
     assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
 
 
+LAUNCH_CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 8, 2), (32, 4, 2), (32, 8, 3)]  # BLOCK_N, warps, stages
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_fmt", [None, KV_FP8_BITS, KV_FP8_NATIVE])
+@pytest.mark.parametrize("block_n,num_warps,num_stages", LAUNCH_CONFIGS)
+def test_verify_launch_configs_27b(kv_fmt, block_n, num_warps, num_stages):
+    q, kc, vc, ks, vs, rows, kv_lens = setup(2, 5, 24, 4, 256, [3000, 130], kv_fmt is not None)
+    out = torch.full_like(q, float("nan"))
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(2, 24, 8, 16, 256, DEV), 16,
+                     kv_fmt=kv_fmt, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("q_len", [1, 8])
 def test_verify_q_len_27b(q_len):
     q, kc, vc, ks, vs, rows, kv_lens = setup(3, q_len, 24, 4, 256, [300, 4000, 9], True)
     out = torch.full_like(q, float("nan"))
     verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(3, 24, 8, 16, 256, DEV), 16)
+    assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
+
+
+PREFILL_CONFIGS = [(64, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2)]  # BLOCK_M, N, warps, stages
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("block_m,block_n,num_warps,num_stages", PREFILL_CONFIGS)
+def test_prefill_launch_configs_27b(fp8, block_m, block_n, num_warps, num_stages):
+    q, kc, vc, ks, vs, rows, kv_lens = setup(1, 200, 24, 4, 256, [333], fp8)
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, kc, vc, ks, vs, rows, kv_lens, out, block_m=block_m, block_n=block_n,
+                      num_warps=num_warps, num_stages=num_stages)
     assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
 
 
