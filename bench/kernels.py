@@ -9,7 +9,7 @@ import torch
 
 from bench.harness import gpu_name, measure_bandwidth, write_results
 
-SUITES = ["gdn", "attn", "int4", "int8"]  # names of bench/kernels_<name>.py modules, in report order
+SUITES = ["gdn", "attn", "int4", "int8", "sampler", "norms"]  # names of bench/kernels_<name>.py modules, in report order
 
 
 def main():

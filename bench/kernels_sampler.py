@@ -1,0 +1,129 @@
+"""Sampler at the 248,320 vocabulary, bf16 logits shaped like an LM's (a Gaussian bulk plus a few dozen strong
+tokens): sample() per parameter set and row count, rejection_sample for B sequences × k = 4 drafts (with the
+draft descriptors from sample_drafts, and recomputing them), and the torch peers (topk + softmax + multinomial;
+full-sort top-p). Bytes counted: one read of the logits the call consumes (every row pass after the first hits L2).
+SAMPLER_SWEEP=1 adds a launch-configuration sweep and a per-kernel breakdown (torch profiler)."""
+import dataclasses
+import os
+
+import torch
+
+from bench.harness import row, time_us
+from kernels.sampler import (RejectionWorkspace, SamplerConfig, SamplerWorkspace, SamplingTensors, rejection_sample,
+                             sample, sample_drafts)
+
+V, DEV, K = 248320, "cuda", 4
+QWEN = (1.0, 20, 0.95)                                     # generation_config default
+CASES = [("qwen T1 k20 p.95", 1, QWEN), ("top-p .9 only T.7", 1, (0.7, 0, 0.9)), ("top-k 1024", 1, (1.0, 1024, 1.0)),
+         ("untruncated T1", 1, (1.0, 0, 1.0)), ("greedy", 1, (0.0, 0, 1.0)), ("qwen T1 k20 p.95", 5, QWEN),
+         ("qwen T1 k20 p.95", 64, QWEN), ("top-p .95 only T1.5 (wide)", 1, (1.5, 0, 0.95))]
+
+
+def llm_logits(R, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(R, V, device=DEV, generator=g) * 2.0
+    top = torch.randint(0, V, (R, 64), device=DEV, generator=g)
+    x.scatter_add_(1, top, torch.rand(R, 64, device=DEV, generator=g) * 12)
+    return x.to(torch.bfloat16)
+
+
+def rng():
+    return torch.tensor([1], dtype=torch.int64, device=DEV), torch.tensor([0], dtype=torch.int64, device=DEV)
+
+
+def params_for(R, t, k, p):
+    return SamplingTensors.of([t] * R, [k] * R, [p] * R, DEV)
+
+
+def sample_case(name, R, tkp, peak, cfg=SamplerConfig(), label="sample"):
+    logits, params, (seed, off) = llm_logits(R), params_for(R, *tkp), rng()
+    ws = SamplerWorkspace(R, V, DEV, cfg)
+    us = time_us(lambda: sample(logits, params, seed, off, ws))
+    return row(f"{label} {name}", f"{R}x{V}", us, R * V * 2, 0, peak)
+
+
+def rejection_case(B, with_q, peak):
+    target, draft = llm_logits(B * (K + 1), 1).view(B, K + 1, V), llm_logits(B * K, 2).view(B, K, V)
+    params, (seed, off) = params_for(B, *QWEN), rng()
+    dws = SamplerWorkspace(B, V, DEV)
+    steps = [sample_drafts(draft[:, i].contiguous(), params, seed, off, dws) for i in range(K)]
+    ids = torch.stack([s[0].clone() for s in steps], 1)
+    desc = torch.stack([s[1].clone() for s in steps], 1)
+    ws = RejectionWorkspace(B, K, V, V, DEV)
+    us = time_us(lambda: rejection_sample(target, draft, ids, params, seed, off, ws, desc if with_q else None))
+    return row("rejection_sample" + (" (q given)" if with_q else " (q recomputed)"), f"B{B} k{K} V{V}", us,
+               B * (2 * K + 1) * V * 2, 0, peak, rows_sampled=B * (K + 1))
+
+
+def time_any(fn):
+    """time_us (CUDA graph); eager back-to-back calls timed by events when fn cannot be captured."""
+    try:
+        return time_us(fn), "graph"
+    except RuntimeError:
+        torch.cuda.synchronize()
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / 50, "eager"
+
+
+def peers(peak):
+    """torch: top-20 then softmax, top-p within the 20, multinomial; and the full-sort top-p sampler."""
+    logits = llm_logits(1)
+    t, k, p = QWEN
+
+    def topk_path():
+        vals, idx = logits.float().topk(k)
+        probs = torch.softmax(vals / t, -1)
+        probs = probs.masked_fill(probs.cumsum(-1) - probs >= p, 0.0)
+        return idx.gather(-1, torch.multinomial(probs, 1))
+
+    def sort_path():
+        vals, idx = logits.float().sort(-1, descending=True)
+        probs = torch.softmax(vals / t, -1)
+        probs = probs.masked_fill(probs.cumsum(-1) - probs >= p, 0.0)
+        return idx.gather(-1, torch.multinomial(probs, 1))
+
+    out = []
+    for name, fn in [("peer torch.topk(20)+softmax+top-p+multinomial", topk_path),
+                     ("peer full sort+softmax+cumsum top-p+multinomial", sort_path),
+                     ("peer torch.softmax (one row)", lambda: torch.softmax(logits.float(), -1))]:
+        us, how = time_any(fn)
+        out.append(row(name, f"1x{V}", us, V * 2, 0, peak, timing=how))
+    return out
+
+
+def sweep(peak):
+    rows = []
+    base = SamplerConfig()
+    variants = [dict(block=2048), dict(pivots=16), dict(levels=1)]
+    for change in variants:
+        cfg = dataclasses.replace(base, **change)
+        tag = ",".join(f"{k}={v}" for k, v in change.items())
+        for name, R, tkp in (CASES[0], CASES[1], CASES[5]):
+            rows.append(sample_case(name, R, tkp, peak, cfg, label=f"sweep[{tag}]"))
+    # where the time goes: per-kernel device time of the default configuration, one row, Qwen parameters
+    logits, params, (seed, off) = llm_logits(1), params_for(1, *QWEN), rng()
+    ws = SamplerWorkspace(1, V, DEV)
+    sample(logits, params, seed, off, ws)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(50):
+            sample(logits, params, seed, off, ws)
+        torch.cuda.synchronize()
+    for ev in prof.key_averages():
+        if ev.key.endswith("_kernel") and ev.count >= 50:
+            rows.append(row(f"stage {ev.key}", f"1x{V}", ev.device_time_total / ev.count, 0, 0, peak))
+    return rows
+
+
+def run(peak_Bps):
+    rows = [sample_case(name, R, tkp, peak_Bps) for name, R, tkp in CASES]
+    rows += [rejection_case(1, True, peak_Bps), rejection_case(1, False, peak_Bps), rejection_case(8, True, peak_Bps)]
+    if os.environ.get("SAMPLER_SWEEP"):
+        rows += sweep(peak_Bps)
+    return rows + peers(peak_Bps)   # last: a peer that cannot be graph-captured must not disturb the others

@@ -1,0 +1,253 @@
+"""Fused small ops around the matmuls (MODEL.md §3.1–§3.4), one pass over the activations each:
+
+  add_rmsnorm      h = x + residual; y = RMSNorm_1p(h, w)                      (every decoder / final / MTP norm)
+  gated_rmsnorm    y = (w · x̂.to(dtype)) · silu(z)  per head, plain w          (GDN output norm)
+  qk_norm_rope     per head of q_proj's [q_h | gate_h] layout and of k_proj: RMSNorm_1p, then partial RoPE on
+                   the first rd dims (pairs j, j + rd/2); the gate is split out unnormed (optionally sigmoid-ed)
+  silu_mul         y = silu(gate) · up                                          (MLP)
+
+Each output can also come as int8 per token for a W4A8 matmul (QUANT.md): s = max|y| / 127 (at least 1e-6),
+q = round-half-even(y / s), computed from the rounded y. The maths follows HF rounding step by step (products of
+bf16 tensors rounded to bf16 where HF rounds them), so only rsqrt/exp differ in the last bits.
+References: the *_ref functions below, built from layers/model.py."""
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from layers.model import apply_rope, gated_rms_norm, rms_norm_1p
+
+
+# ------------------------------------------------------------------------------------------- references
+def int8_per_token_ref(y):
+    """y [T, N] -> (q int8 [T, N], s fp32 [T])."""
+    yf = y.float()
+    s = (yf.abs().amax(-1) / 127).clamp_min(1e-6)
+    return torch.round(yf / s[:, None]).clamp(-127, 127).to(torch.int8), s
+
+
+def add_rmsnorm_ref(x, residual, w, eps):
+    h = x if residual is None else x + residual
+    return h, rms_norm_1p(h, w, eps)
+
+
+def gated_rmsnorm_ref(x, z, w, eps):
+    """x, z [T, heads, D]."""
+    return gated_rms_norm(x, z, w, eps)
+
+
+def qk_norm_rope_ref(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=False):
+    """qg [T, heads·2D] (per head [q_h | gate_h]), k [T, kv_heads·D], cos/sin [T, rd] -> q, k, gate [T, h, D]."""
+    T = qg.shape[0]
+    q, gate = qg.view(T, heads, -1).chunk(2, -1)
+    k = k.view(T, kv_heads, -1)
+    q = apply_rope(rms_norm_1p(q, q_w, eps)[None], cos, sin)[0]
+    k = apply_rope(rms_norm_1p(k, k_w, eps)[None], cos, sin)[0]
+    return q, k, torch.sigmoid(gate) if sigmoid_gate else gate.contiguous()
+
+
+def silu_mul_ref(gate, up):
+    return F.silu(gate) * up
+
+
+# ------------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _rne(x, dtype: tl.constexpr):
+    """fp32 x rounded to `dtype`, returned as fp32. bf16 is rounded to nearest-even by hand because the
+    Triton interpreter truncates fp32 -> bf16; on the GPU this equals the hardware conversion."""
+    if dtype == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        return ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    else:
+        return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _int8_scale(amax):
+    return tl.maximum(tl.div_rn(amax, 127.0), 1e-6)
+
+
+@triton.jit
+def _int8_store(q_ptr, y, s, mask):
+    """round-half-even(y / s) via the 1.5·2^23 shift (exact for |v| < 2^22), no libdevice needed."""
+    v = tl.div_rn(y, s)
+    v = (v + 12582912.0) - 12582912.0
+    tl.store(q_ptr, tl.minimum(tl.maximum(v, -127.0), 127.0).to(tl.int8), mask=mask)
+
+
+@triton.jit
+def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, H, eps,
+                        HAS_RES: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
+    """x, residual, h, y [T, H] contiguous, w [H]; grid (T,). h may alias residual (written after reading)."""
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BLOCK)
+    m = d < H
+    hf = tl.load(x_ptr + t * H + d, mask=m, other=0.0).to(tl.float32)
+    if HAS_RES:   # the residual add rounds to the activation dtype, as a bf16 torch add does
+        hf = _rne(hf + tl.load(res_ptr + t * H + d, mask=m, other=0.0).to(tl.float32), h_ptr.dtype.element_ty)
+        tl.store(h_ptr + t * H + d, hf, mask=m)
+    rstd = tl.rsqrt(tl.sum(hf * hf, 0) / H + eps)
+    y = _rne(hf * rstd * (1.0 + tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)), y_ptr.dtype.element_ty)
+    tl.store(y_ptr + t * H + d, y, mask=m)
+    if QUANT:
+        s = _int8_scale(tl.max(tl.abs(y), 0))
+        tl.store(s_ptr + t, s)
+        _int8_store(q_ptr + t * H + d, y, s, m)
+
+
+@triton.jit
+def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, NH, D, eps,
+                          QUANT: tl.constexpr, W_ROUNDS: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
+    """x, z, y [T, NH, D] contiguous, w [D]; grid (T,): all heads of a token in one [BH, BD] tile."""
+    t = tl.program_id(0).to(tl.int64)
+    hh = tl.arange(0, BH)[:, None]
+    d = tl.arange(0, BD)[None, :]
+    m = (hh < NH) & (d < D)
+    offs = t * NH * D + hh * D + d
+    dt = y_ptr.dtype.element_ty
+    xf = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    xn = _rne(xf * tl.rsqrt(tl.sum(xf * xf, 1) / D + eps)[:, None], dt)
+    g = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32) * xn
+    if W_ROUNDS:   # w in the activation dtype: HF's w · x̂ product is rounded to it
+        g = _rne(g, dt)
+    z = tl.load(z_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    y = _rne(g * (z * tl.sigmoid(z)), dt)
+    tl.store(y_ptr + offs, y, mask=m)
+    if QUANT:
+        s = _int8_scale(tl.max(tl.max(tl.abs(y), 1), 0))
+        tl.store(s_ptr + t, s)
+        _int8_store(q_ptr + offs, y, s, m)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(qg_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, ko_ptr, gate_ptr,
+                         HQ, HKV, D, RD, eps, qg_stride, k_stride, cs_stride,
+                         SIGMOID_GATE: tl.constexpr, BD: tl.constexpr):
+    """qg [T, HQ·2D] rows [q_0 | gate_0 | q_1 | gate_1 …]; k [T, HKV·D]; cos/sin [T, RD];
+    q, gate [T, HQ, D] and k out [T, HKV, D] contiguous. grid (T, HQ + HKV): one head per program."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, BD)
+    m = d < D
+    is_q = h < HQ
+    if is_q:
+        src, w_ptr, dst = qg_ptr + t * qg_stride + h * 2 * D, qw_ptr, q_ptr + (t * HQ + h) * D
+        g = tl.load(src + D + d, mask=m, other=0.0)
+        if SIGMOID_GATE:
+            g = _rne(tl.sigmoid(g.to(tl.float32)), g.dtype)
+        tl.store(gate_ptr + (t * HQ + h) * D + d, g, mask=m)
+    else:
+        src, w_ptr, dst = k_ptr + t * k_stride + (h - HQ) * D, kw_ptr, ko_ptr + (t * HKV + h - HQ) * D
+    dt = dst.dtype.element_ty
+    xf = tl.load(src + d, mask=m, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, 0) / D + eps)
+    y = _rne(xf * rstd * (1.0 + tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)), dt)
+    # rotate_half partner of dim j < RD: j + RD/2 (negated) or j − RD/2; normed from its own raw value
+    half = RD // 2
+    rot = d < RD
+    pd = tl.where(d < half, d + half, d - half)
+    xp = tl.load(src + pd, mask=rot, other=0.0).to(tl.float32)
+    yp = _rne(xp * rstd * (1.0 + tl.load(w_ptr + pd, mask=rot, other=0.0).to(tl.float32)), dt)
+    yp = tl.where(d < half, -yp, yp)
+    c = tl.load(cos_ptr + t * cs_stride + d, mask=rot, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + t * cs_stride + d, mask=rot, other=0.0).to(tl.float32)
+    # HF rounds r·cos and rotate_half(r)·sin to the activation dtype, then their sum
+    tl.store(dst + d, tl.where(rot, _rne(_rne(y * c, dt) + _rne(yp * s, dt), dt), y), mask=m)
+
+
+@triton.jit
+def _silu_mul_value(g_ptr, u_ptr, offs, m):
+    g = tl.load(g_ptr + offs, mask=m, other=0.0)
+    dt = g.dtype
+    g = g.to(tl.float32)
+    act = _rne(g * tl.sigmoid(g), dt)                             # F.silu rounds to the input dtype
+    return _rne(act * tl.load(u_ptr + offs, mask=m, other=0.0).to(tl.float32), dt)
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, q_ptr, s_ptr, I, g_stride, u_stride, CHUNKS,
+                     WRITE_Y: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
+    """gate, up [T, I] (row strides given, e.g. halves of a merged gate_up), y/q [T, I] contiguous.
+    grid (T, cdiv(I, BLOCK·CHUNKS)); with QUANT one program per token (CHUNKS covers the row): a second pass
+    recomputes y once the row's max is known."""
+    t = tl.program_id(0).to(tl.int64)
+    c0 = tl.program_id(1) * CHUNKS
+    amax = tl.zeros([], tl.float32)
+    for c in range(c0, c0 + CHUNKS):
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        m = offs < I
+        y = _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m)
+        if WRITE_Y:
+            tl.store(y_ptr + t * I + offs, y, mask=m)
+        amax = tl.maximum(amax, tl.max(tl.abs(y), 0))
+    if QUANT:
+        s = _int8_scale(amax)
+        tl.store(s_ptr + t, s)
+        for c in range(c0, c0 + CHUNKS):
+            offs = c * BLOCK + tl.arange(0, BLOCK)
+            m = offs < I
+            y = _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m)
+            _int8_store(q_ptr + t * I + offs, y, s, m)
+
+
+# ------------------------------------------------------------------------------------------- host side
+# Outputs may be passed in (graph capture: no allocation in the hot call); missing ones are allocated.
+def _buf(t, shape, dtype, device):
+    return t if t is not None else torch.empty(shape, dtype=dtype, device=device)
+
+
+def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None):
+    """x, residual [T, H] contiguous (residual None: h = x) -> (h, y), plus (q int8 [T, H], s [T]) when quant.
+    Pass h=residual to update the residual stream in place."""
+    T, H = x.shape
+    h = x if residual is None else _buf(h, (T, H), x.dtype, x.device)
+    y = _buf(y, (T, H), x.dtype, x.device)
+    q, s = (_buf(q, (T, H), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
+    _add_rmsnorm_kernel[(T,)](x, x if residual is None else residual, w, h, y, q, s, H, eps,
+                              HAS_RES=residual is not None, QUANT=quant, BLOCK=triton.next_power_of_2(H),
+                              num_warps=8)
+    return (h, y, q, s) if quant else (h, y)
+
+
+def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None):
+    """x, z [T, heads, D] contiguous -> y [T, heads, D], plus (q int8 [T, heads·D], s [T]) per token when quant."""
+    T, NH, D = x.shape
+    y = _buf(y, (T, NH, D), x.dtype, x.device)
+    q, s = (_buf(q, (T, NH * D), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
+    _gated_rmsnorm_kernel[(T,)](x, z, w, y, q, s, NH, D, eps, QUANT=quant, W_ROUNDS=w.dtype == x.dtype,
+                                BH=triton.next_power_of_2(NH), BD=triton.next_power_of_2(D), num_warps=8)
+    return (y, q, s) if quant else y
+
+
+def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=False, q=None, k_out=None,
+                 gate=None):
+    """qg [T, heads·2D] (q_proj output, per head [q_h | gate_h]), k [T, kv_heads·D], cos/sin [T, rd]
+    (layers.model.rope_tables) -> q [T, heads, D], k [T, kv_heads, D] normed and rotated, gate [T, heads, D]."""
+    T = qg.shape[0]
+    D = k.shape[1] // kv_heads
+    assert qg.stride(1) == 1 and k.stride(1) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
+    q = _buf(q, (T, heads, D), qg.dtype, qg.device)
+    gate = _buf(gate, (T, heads, D), qg.dtype, qg.device)
+    k_out = _buf(k_out, (T, kv_heads, D), k.dtype, k.device)
+    _qk_norm_rope_kernel[(T, heads + kv_heads)](qg, k, q_w, k_w, cos, sin, q, k_out, gate, heads, kv_heads, D,
+                                                cos.shape[1], eps, qg.stride(0), k.stride(0), cos.stride(0),
+                                                SIGMOID_GATE=sigmoid_gate, BD=triton.next_power_of_2(D),
+                                                num_warps=2)
+    return q, k_out, gate
+
+
+def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, block=4096):
+    """gate, up [T, I] (unit stride along I; e.g. the halves of a merged gate_up) -> y [T, I] and, when quant,
+    (q int8 [T, I], s [T]); write_y=False skips y when only the int8 copy is consumed."""
+    T, I = gate.shape
+    assert gate.stride(1) == 1 and up.stride(1) == 1 and (write_y or quant)
+    y = _buf(y, (T, I), gate.dtype, gate.device) if write_y else None
+    q, s = (_buf(q, (T, I), torch.int8, gate.device), _buf(s, (T,), torch.float32, gate.device)) if quant \
+        else (None, None)
+    block = min(block, triton.next_power_of_2(I))
+    chunks = triton.cdiv(I, block) if quant else 1   # int8 needs the whole row's max: one program per token
+    _silu_mul_kernel[(T, triton.cdiv(I, block * chunks))](gate, up, y if write_y else q, q if quant else y,
+                                                          s if quant else gate, I, gate.stride(0), up.stride(0),
+                                                          chunks, WRITE_Y=write_y, QUANT=quant, BLOCK=block,
+                                                          num_warps=8)
+    return tuple(o for o in (y, q, s) if o is not None) if quant else y
