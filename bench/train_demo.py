@@ -146,7 +146,8 @@ def main():
     t_train = time.perf_counter()
     step = 0
     while total is None or step < total:
-        lr = lr_at(step, total or 10 ** 9, args.lr, args.warmup)
+        warmup = args.warmup if total is None else min(args.warmup, max(1, total // 10))   # short CPU runs
+        lr = lr_at(step, total or 10 ** 9, args.lr, warmup)
         for group in opt.param_groups:
             group["lr"] = lr
         main_loss, mtp_losses = losses(model, sample_windows(tokens["train"], batch, length, data_gen, args.device))
