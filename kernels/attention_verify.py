@@ -168,20 +168,28 @@ def alloc_partials(batch_max: int, num_q_heads: int, q_max: int, nseg_max: int, 
     return torch.empty(batch_max, num_q_heads, q_max, nseg_max, head_dim + 2, dtype=torch.float32, device=device)
 
 
-def choose_nseg(batch: int, num_kv_heads: int, num_sms: int, nseg_max: int = 32) -> int:
+def choose_nseg(batch: int, num_kv_heads: int, num_sms: int, nseg_max: int = 64) -> int:
     """KV segments per (sequence, kv head) for a batch bucket: as many as fit one wave of two programs per SM
-    (a second, partial wave cost 1.5x at B 8 on the H200), at most 32 (64 was no faster at B 1 and doubles the
-    partials). Short contexts use fewer automatically: a segment is at least one tile."""
+    (H200, B 8, 16k: 8 segments 113 µs, 9 segments — a partial second wave — 183 µs; B 1: 64 beat 32 by 15 % at
+    64k). Short contexts use fewer automatically: a segment is at least one tile."""
     return max(1, min(nseg_max, 2 * num_sms // (batch * num_kv_heads)))
 
 
 @functools.lru_cache(maxsize=None)
 def default_launch(block_m: int, capability: tuple) -> tuple:
-    """(BLOCK_N, num_warps, num_stages) at D 256. sm_90: the fastest of the H200 sweep (bench/kernels_attn.py);
-    below sm_90 half-height tiles and two stages, to stay inside sm_86's 99 KiB of shared memory."""
+    """(BLOCK_N, num_warps, num_stages) at D 256 for a row tile of block_m. sm_90: the fastest of the H200 sweep
+    (bench/kernels_attn.py; 5-token verify: 64/4/3; 128-row prefill tiles: 64/8/2). Below sm_90 (untested):
+    half-height KV tiles and fewer stages, to stay inside sm_86's 99 KiB of shared memory."""
     if capability < (9, 0):
-        return 32, 4, 2
-    return (64, 4, 3) if block_m <= 32 else (32, 8, 2)
+        return (32, 4, 2) if block_m <= 32 else (32, 8, 1)
+    if block_m <= 32:
+        return 64, 4, 3
+    return (32, 8, 2) if block_m <= 64 else (64, 8, 2)
+
+
+def gpu_capability(t: torch.Tensor) -> tuple:
+    """Compute capability of the tensor's GPU; CPU (Triton interpreter) counts as sm_90."""
+    return torch.cuda.get_device_capability(t.device) if t.is_cuda else (9, 0)
 
 
 def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials=None, nseg=1,
@@ -202,8 +210,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         k_scale = v_scale = cache_rows  # unused pointer arguments
     rows = q_len * G
     block_m = block_m or max(16, triton.next_power_of_2(rows))
-    capability = torch.cuda.get_device_capability(q.device) if q.is_cuda else (9, 0)
-    dflt_n, dflt_warps, dflt_stages = default_launch(block_m, capability)
+    dflt_n, dflt_warps, dflt_stages = default_launch(block_m, gpu_capability(q))
     block_n, num_warps, num_stages = block_n or dflt_n, num_warps or dflt_warps, num_stages or dflt_stages
     n_tiles = triton.cdiv(rows, block_m)
     split = nseg > 1

@@ -155,7 +155,7 @@ def test_prefill_attention(fp8):
 
 
 def test_choose_nseg():
-    assert choose_nseg(1, 4, 132) == 32 and choose_nseg(8, 4, 132) == 8 and choose_nseg(64, 4, 132) == 1
+    assert choose_nseg(1, 4, 132) == 64 and choose_nseg(8, 4, 132) == 8 and choose_nseg(64, 4, 132) == 1
     assert choose_nseg(16, 4, 82) == 2 and choose_nseg(512, 4, 82) == 1
 
 
