@@ -10,7 +10,7 @@ import torch
 
 from bench.harness import row, time_us
 from kernels.conv1d import causal_conv1d
-from kernels.gdn_chunked import gdn_prefill, prefill_workspace
+from kernels.gdn_chunked import chunk_prepare, chunk_states, gdn_prefill, prefill_workspace
 from kernels.gdn_recurrent import gdn_verify
 
 HV, HK, D, K, KD = 48, 16, 128, 4, 4
@@ -27,6 +27,15 @@ def layer_inputs(B, L):
     return q, k, v, a, b, torch.rand(HV, device=DEV), torch.randn(HV, device=DEV)
 
 
+def timed_row(name, shape, fn, nbytes, flops, peak, out, **kw):
+    """Append one row (or a failure note, so one bad launch configuration does not end the suite); print it."""
+    try:
+        out.append(row(name, shape, time_us(fn, **kw), nbytes, flops, peak))
+    except Exception as e:  # noqa: BLE001 - report and go on
+        out.append({"kernel": name, "shape": shape, "error": f"{type(e).__name__}: {str(e)[:120]}"})
+    print(out[-1], flush=True)
+
+
 def verify_rows(peak, sweep):
     out = []
     for B, sdt in [(1, torch.float16), (8, torch.float16), (64, torch.float16), (1, torch.float32),
@@ -36,15 +45,15 @@ def verify_rows(peak, sweep):
         slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T)
         num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV)
         o = torch.empty(B, T, HV, D, device=DEV, dtype=torch.bfloat16)
-        state_bytes = (1 + T) * B * HV * D * D * pool.element_size()
-        nbytes = state_bytes + B * T * (C + 2 * HV + HV * D) * 2
-        flops = 8 * B * T * HV * D * D
-        configs = [(None, None)] + (list(itertools.product((16, 32, 64), (1, 2, 4, 8))) if sweep and B == 1 else [])
+        nbytes = (1 + T) * B * HV * D * D * pool.element_size() + B * T * (C + 2 * HV + HV * D) * 2
+        configs = [(None, None)]
+        if sweep and B <= 8 and sdt == torch.float16:
+            configs += [(bv, w) for bv, w in itertools.product((8, 16, 32, 64), (1, 2, 4, 8)) if bv <= 16 * w]
         for bv, warps in configs:
-            us = time_us(lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps))
             name = "gdn_verify" + ("" if bv is None else f"[bv{bv},w{warps}]")
-            out.append(row(name, f"B{B} T{T} state {str(sdt)[6:]}", us, nbytes, flops, peak,
-                           state_frac=round(state_bytes / nbytes, 3)))
+            timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
+                      lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps),
+                      nbytes, 8 * B * T * HV * D * D, peak, out)
         del pool
     return out
 
@@ -58,10 +67,9 @@ def conv_rows(peak):
         state = torch.randn(B, C, K - 1 + KD, device=DEV, dtype=torch.bfloat16)
         slots = torch.arange(B, dtype=torch.int32, device=DEV)
         num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV) if na else None
-        us = time_us(lambda: causal_conv1d(x, w, state, slots, num_acc, out=y))
         nbytes = 2 * x.numel() * 2 + 2 * state.numel() * 2 + w.numel() * 2
-        out.append(row("conv1d_update" if na else "conv1d_prefill", f"B{B} L{L} C{C}", us, nbytes,
-                       2 * B * L * C * K, peak))
+        timed_row("conv1d_update" if na else "conv1d_prefill", f"B{B} L{L} C{C}",
+                  lambda: causal_conv1d(x, w, state, slots, num_acc, out=y), nbytes, 2 * B * L * C * K, peak, out)
     return out
 
 
@@ -74,14 +82,19 @@ def prefill_rows(peak, sweep, L=4096):
     nbytes = L * (C + 2 * HV) * 2 + o.numel() * 2 + 2 * pool[0].numel() * 4
     ch = 64
     flops = 2 * (L // ch) * HV * (3 * ch * D * D + 3 * ch * ch * D + 2 * ch * ch * D + ch ** 3)
-    configs = [(None, (4, 4))] + (list(itertools.product((32, 64), ((4, 4), (8, 4), (4, 8), (8, 8))))
-                                  if sweep else [])
+    shape = f"B1 L{L} state fp32"
     out = []
+    timed_row("gdn_prefill.prepare", shape, lambda: chunk_prepare(k, v, a, b, A_log, dt_bias, ws), nbytes, flops,
+              peak, out, reps=5, trials=3)
+    timed_row("gdn_prefill.states", shape,
+              lambda: chunk_states(q, k, a, b, A_log, dt_bias, pool, init, final, o, ws), nbytes, flops, peak, out,
+              reps=5, trials=3)
+    configs = [(None, None)] + (list(itertools.product((32, 64), ((4, 4), (8, 4), (8, 8)))) if sweep else [])
     for bv, warps in configs:
-        us = time_us(lambda: gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, init, final, out=o, workspace=ws,
-                                         block_v=bv, num_warps=warps), reps=5, trials=3)
         name = "gdn_prefill" + ("" if bv is None else f"[bv{bv},w{warps[0]}/{warps[1]}]")
-        out.append(row(name, f"B1 L{L} state fp32", us, nbytes, flops, peak))
+        timed_row(name, shape, lambda: gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, init, final, out=o,
+                                                   workspace=ws, block_v=bv, num_warps=warps or (8, 4)),
+                  nbytes, flops, peak, out, reps=5, trials=3)
     return out
 
 

@@ -71,14 +71,14 @@ def _causal_conv1d_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, num_acc_ptr, y_ptr
     # rewrites it, after a barrier that orders all of this program's loads before its stores.
     if tl.program_id(2) == 0:
         col = tl.arange(0, MP)[None, :]
-        p = L - M + col                             # new column's input position; < 0: kept from the old state
-        src = off + K - 1 + p
+        pos = L - M + col                           # new column's input position; < 0: kept from the old state
+        src = off + K - 1 + pos
         cmask = (col < M) & cm[:, None]
-        xv = tl.load(xb + p * sx_t + c[:, None], mask=(p >= 0) & cmask, other=0.0)
-        hv = tl.load(sb + c[:, None] * M + src, mask=(p < 0) & (src >= 0) & cmask & valid, other=0.0)
+        new_x = tl.load(xb + pos * sx_t + c[:, None], mask=(pos >= 0) & cmask, other=0.0)
+        kept = tl.load(sb + c[:, None] * M + src, mask=(pos < 0) & (src >= 0) & cmask & valid, other=0.0)
         tl.debug_barrier()
-        tl.store(sb + c[:, None] * M + col, (xv.to(tl.float32) + hv.to(tl.float32)).to(state_ptr.dtype.element_ty),
-                 mask=cmask & valid)
+        tl.store(sb + c[:, None] * M + col,
+                 (new_x.to(tl.float32) + kept.to(tl.float32)).to(state_ptr.dtype.element_ty), mask=cmask & valid)
 
 
 def causal_conv1d(x, weight, conv_state, conv_slots, num_accepted=None, out=None, block_c=128):

@@ -12,11 +12,14 @@ Two kernels: `_chunk_prepare_kernel` computes W, U for every (chunk, head) in pa
 the state); `_chunk_state_kernel` walks the chunks of one (sequence, head, V-tile) in order with S in registers.
 Ti: diagonal 16x16 blocks by forward substitution, then block doubling X_2b = X_b - X_b (A o M_b) X_b (M_b: the
 off-diagonal b-blocks inside each 2b-block), which is exact block substitution: no power series, no blow-up.
+Precision: gating, l2norm, the diagonal blocks and the state stay fp32; the doubling dots run in tf32x3; the other
+dot operands are fp16 (the same 10-bit mantissa as tf32, half its shared memory: the 99 KiB of an sm_86 block),
+so W, U and |v| must stay below fp16's 65504 (true for post-conv activations).
 
 Shapes (per layer): q, k [B, L, Hk, dk]; v [B, L, Hv, dv]; a, b [B, L, Hv]; A_log, dt_bias [Hv];
 state [num_slots, Hv, dk, dv] fp16/fp32; initial_slots, final_slots [B] int32 (initial < 0: start from zeros,
 final < 0: no write; they may be equal); o [B, L, Hv, dv] in v's dtype.
-Workspace (fp32): W [B, Hv, Lp, dk], U [B, Hv, Lp, dv], scratch [B * Hv * n_chunks, C, C]; Lp = n_chunks * C.
+Workspace: W [B, Hv, Lp, dk], U [B, Hv, Lp, dv] fp16, scratch [B * Hv * n_chunks, C, C] fp32; Lp = n_chunks * C.
 """
 import torch
 import triton
@@ -79,13 +82,13 @@ def _chunk_prepare_kernel(k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_
     rows = tl.arange(0, CH)[:, None]
     cols = tl.arange(0, CH)[None, :]
 
-    K = l2norm(tl.load(k_ptr + bi * sk_b + t[:, None] * sk_t + (h // KV_GROUP) * sk_h + offs_k[None, :],
-                       mask=tm[:, None], other=0.0), 1)
+    k_rows = k_ptr + bi * sk_b + t[:, None] * sk_t + (h // KV_GROUP) * sk_h + offs_k[None, :]
+    K16 = l2norm(tl.load(k_rows, mask=tm[:, None], other=0.0), 1).to(tl.float16)
     g, beta, gam = _chunk_gates(a_ptr + bi * sa_b + t * sa_t + h, b_ptr + bi * sb_b + t * sb_t + h,
                                 A_log_ptr, dt_bias_ptr, tm, h)
     strict = rows > cols
     decay = tl.exp(tl.where(strict, gam[:, None] - gam[None, :], 0.0))
-    A = tl.where(strict, beta[:, None] * decay * tl.dot(K, tl.trans(K), input_precision="tf32x3"), 0.0)
+    A = tl.where(strict, beta[:, None] * decay * tl.dot(K16, tl.trans(K16)), 0.0)
 
     # Diagonal 16x16 blocks of Ti by forward substitution, all CH/16 blocks at once, reading A's rows back from
     # this program's scratch tile (a register tile cannot be indexed by row).
@@ -96,7 +99,7 @@ def _chunk_prepare_kernel(k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_
     i3 = tl.arange(0, 16)[None, :, None]
     j3 = tl.arange(0, 16)[None, None, :]
     X = tl.where(i3 == j3 + blk * 0, 1.0, 0.0)
-    for i in tl.static_range(1, 16):
+    for i in range(1, 16):
         # row i of a block: X[i, :] = e_i - sum_{j<i} A[i, j] X[j, :]  (rows j < i are final)
         a_row = tl.load(scr + (blk + i) * CH + blk + i3, mask=i3 < i, other=0.0)      # [NB, 16(j), 1]
         X = X - tl.where(i3 == i, tl.sum(a_row * X, axis=1)[:, None, :], 0.0)
@@ -109,12 +112,14 @@ def _chunk_prepare_kernel(k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_
         Ti = Ti - tl.dot(Ti, tl.dot(tl.where(off_block, A, 0.0), Ti, input_precision="tf32x3"),
                          input_precision="tf32x3")
 
-    W = tl.dot(Ti, K * (beta * tl.exp(gam))[:, None], input_precision="tf32x3")
+    Ti16 = Ti.to(tl.float16)
+    K = l2norm(tl.load(k_rows, mask=tm[:, None], other=0.0), 1)        # reloaded: fewer live registers above
+    W = tl.dot(Ti16, (K * (beta * tl.exp(gam))[:, None]).to(tl.float16))
     V = tl.load(v_ptr + bi * sv_b + t[:, None] * sv_t + h * sv_h + offs_v[None, :], mask=tm[:, None], other=0.0)
-    U = tl.dot(Ti, V.to(tl.float32) * beta[:, None], input_precision="tf32x3")
+    U = tl.dot(Ti16, (V.to(tl.float32) * beta[:, None]).to(tl.float16))
     row = (bh * LP + t).to(tl.int64)[:, None]
-    tl.store(w_ptr + row * DK + offs_k[None, :], W, mask=tm[:, None])
-    tl.store(u_ptr + row * DV + offs_v[None, :], U, mask=tm[:, None])
+    tl.store(w_ptr + row * DK + offs_k[None, :], W.to(w_ptr.dtype.element_ty), mask=tm[:, None])
+    tl.store(u_ptr + row * DV + offs_v[None, :], U.to(u_ptr.dtype.element_ty), mask=tm[:, None])
 
 
 @triton.jit
@@ -139,37 +144,71 @@ def _chunk_state_kernel(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_pt
     for c in range(0, tl.cdiv(L, CH)):
         t = c * CH + tl.arange(0, CH)
         tm = t < L
-        Q = l2norm(tl.load(q_ptr + bi * sq_b + t[:, None] * sq_t + kh * sq_h + offs_k[None, :],
-                           mask=tm[:, None], other=0.0), 1) * scale
+        Q = (l2norm(tl.load(q_ptr + bi * sq_b + t[:, None] * sq_t + kh * sq_h + offs_k[None, :],
+                            mask=tm[:, None], other=0.0), 1) * scale).to(tl.float16)
         K = l2norm(tl.load(k_ptr + bi * sk_b + t[:, None] * sk_t + kh * sk_h + offs_k[None, :],
                            mask=tm[:, None], other=0.0), 1)
         g, _, gam = _chunk_gates(a_ptr + bi * sa_b + t * sa_t + h, b_ptr + bi * sb_b + t * sb_t + h,
                                  A_log_ptr, dt_bias_ptr, tm, h)
         row = (bh * LP + t).to(tl.int64)[:, None]
         W = tl.load(w_ptr + row * DK + offs_k[None, :], mask=tm[:, None], other=0.0)
-        U = tl.load(u_ptr + row * DV + offs_v[None, :], mask=tm[:, None], other=0.0)
+        U = tl.load(u_ptr + row * DV + offs_v[None, :], mask=tm[:, None], other=0.0).to(tl.float32)
 
-        delta = U - tl.dot(W, S)
+        S16 = S.to(tl.float16)
+        delta = U - tl.dot(W, S16)
+        delta16 = delta.to(tl.float16)
         causal = rows >= cols
-        P = tl.where(causal, tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0) * tl.dot(Q, tl.trans(K))
-        O = tl.dot(Q * tl.exp(gam)[:, None], S) + tl.dot(P, delta)
+        P = tl.where(causal, tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
+        P = P * tl.dot(Q, tl.trans(K.to(tl.float16)))
+        O = tl.dot(Q, S16) * tl.exp(gam)[:, None] + tl.dot(P.to(tl.float16), delta16)
         tl.store(o_ptr + bi * so_b + t[:, None] * so_t + h * so_h + offs_v[None, :],
                  O.to(o_ptr.dtype.element_ty), mask=tm[:, None])
         last = tl.sum(g, 0)
-        S = S * tl.exp(last) + tl.dot(tl.trans(K * tl.exp(last - gam)[:, None]), delta)
+        S = S * tl.exp(last) + tl.dot(tl.trans((K * tl.exp(last - gam)[:, None]).to(tl.float16)), delta16)
     fin = tl.load(final_ptr + bi)
     tl.store(state_ptr + fin.to(tl.int64) * (HV * DK * DV) + tile, S.to(state_ptr.dtype.element_ty), mask=fin >= 0)
 
 
 def prefill_workspace(B, L, HV, DK, DV, device, chunk=64):
-    """fp32 buffers for gdn_prefill (allocate once per bucket to keep the call allocation-free)."""
+    """W, U (fp16) and scratch (fp32) for gdn_prefill; allocate once per bucket to keep the call allocation-free."""
     n = triton.cdiv(L, chunk)
-    return (torch.empty(B, HV, n * chunk, DK, device=device), torch.empty(B, HV, n * chunk, DV, device=device),
+    return (torch.empty(B, HV, n * chunk, DK, device=device, dtype=torch.float16),
+            torch.empty(B, HV, n * chunk, DV, device=device, dtype=torch.float16),
             torch.empty(B * HV * n, chunk, chunk, device=device))
 
 
+def chunk_prepare(k, v, a, b, A_log, dt_bias, workspace, chunk=64, num_warps=8):
+    """First pass of gdn_prefill: W and U of every (chunk, head) into the workspace."""
+    B, L, HK, DK = k.shape
+    HV, DV = v.shape[2], v.shape[3]
+    n = triton.cdiv(L, chunk)
+    w, u, scr = workspace
+    assert w.shape[2] == n * chunk and scr.shape[0] >= B * HV * n
+    _chunk_prepare_kernel[(n, B * HV)](
+        k, v, a, b, A_log, dt_bias, w, u, scr, L, n * chunk,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, CH=chunk, LOG2_NB=(chunk // 16).bit_length() - 1,
+        num_warps=num_warps)
+
+
+def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, o, workspace, chunk=64,
+                 block_v=None, num_warps=4):
+    """Second pass of gdn_prefill: the state walk over the chunks, writing o and the final state."""
+    B, L, HK, DK = q.shape
+    HV, DV = o.shape[2], o.shape[3]
+    w, u, _ = workspace
+    bv = block_v or min(32, DV)
+    assert DV % bv == 0
+    _chunk_state_kernel[(B * HV, DV // bv)](
+        q, k, a, b, A_log, dt_bias, w, u, state, initial_slots, final_slots, o, L, w.shape[2],
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), o.stride(0), o.stride(1), o.stride(2), DK ** -0.5,
+        HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv, CH=chunk, num_warps=num_warps)
+
+
 def gdn_prefill(q, k, v, a, b, A_log, dt_bias, state, initial_slots, final_slots, out=None, workspace=None,
-                chunk=64, block_v=None, num_warps=(4, 4)):
+                chunk=64, block_v=None, num_warps=(8, 4)):
     """Gated DeltaNet over L prompt tokens per sequence from slot `initial_slots`, final state into
     `final_slots` (module docstring). Returns o [B, L, Hv, dv]. num_warps = (prepare kernel, state kernel)."""
     B, L, HK, DK = q.shape
@@ -178,21 +217,9 @@ def gdn_prefill(q, k, v, a, b, A_log, dt_bias, state, initial_slots, final_slots
     assert state.shape[1:] == (HV, DK, DV) and state.is_contiguous() and HV % HK == 0
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and a.stride(-1) == b.stride(-1) == 1
     assert chunk in (16, 32, 64) and initial_slots.shape == final_slots.shape == (B,)
-    n = triton.cdiv(L, chunk)
-    w, u, scr = workspace or prefill_workspace(B, L, HV, DK, DV, q.device, chunk)
-    assert w.shape[2] == n * chunk and scr.shape[0] >= B * HV * n
+    ws = workspace or prefill_workspace(B, L, HV, DK, DV, q.device, chunk)
     o = torch.empty(B, L, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
-    _chunk_prepare_kernel[(n, B * HV)](
-        k, v, a, b, A_log, dt_bias, w, u, scr, L, n * chunk,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, CH=chunk, LOG2_NB=(chunk // 16).bit_length() - 1,
-        num_warps=num_warps[0])
-    bv = block_v or min(32, DV)
-    assert DV % bv == 0
-    _chunk_state_kernel[(B * HV, DV // bv)](
-        q, k, a, b, A_log, dt_bias, w, u, state, initial_slots, final_slots, o, L, n * chunk,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), o.stride(0), o.stride(1), o.stride(2), DK ** -0.5,
-        HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv, CH=chunk, num_warps=num_warps[1])
+    chunk_prepare(k, v, a, b, A_log, dt_bias, ws, chunk, num_warps[0])
+    chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, o, ws, chunk, block_v,
+                 num_warps[1])
     return o

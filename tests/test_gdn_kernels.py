@@ -134,7 +134,7 @@ def test_prefill_matches_recurrence(L, chunk, dk, state_dtype):
     before = pool.clone()
     out = torch.full((B, L, HV, DV), float("nan"), device=DEV)
     o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, init_slots, final_slots, out=out, chunk=chunk)
-    tol = 1e-4 if state_dtype == torch.float32 else 1e-3           # fp32 rounding of the chunked form
+    tol = 2e-3                                                      # fp16 dot operands (10-bit mantissa)
     assert relerr(o, ref_o) < tol
     assert relerr(pool[2], ref_s[0]) < tol and relerr(pool[0], ref_s[1]) < tol
     assert torch.equal(pool[1], before[1]) and torch.equal(pool[3], before[3])
@@ -206,7 +206,7 @@ def test_spec_rounds_match_full_sequence():
     full_y = causal_conv1d_reference(x_true[:, :pos], w, torch.zeros(1, C, K - 1, device=DEV),
                                      torch.zeros(1, dtype=torch.int32))
     ref_o, _ = seq_reference(*mixer_inputs(full_y, ab_true[:, :pos]), A_log, dt_bias)
-    assert relerr(torch.cat(outs, 1), ref_o) < 1e-5
+    assert relerr(torch.cat(outs, 1), ref_o) < 2e-3                 # the prefill's fp16 dot operands
 
 
 # --- GPU, 27B shapes ----------------------------------------------------------------------------------------------
