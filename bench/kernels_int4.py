@@ -97,18 +97,21 @@ def run(peak_Bps: float) -> list:
 
 
 def _cfg_str(c: Config) -> str:
-    return f"{c.block_m}x{c.block_n} s{c.split_k} w{c.num_warps} st{c.num_stages}" + (" sw" if c.scale_w else "")
+    return f"{c.block_m}x{c.block_n} s{c.split_k} w{c.num_warps} st{c.num_stages}" + (" A" if c.weights_a else "")
 
 
 # Alternatives to M_BUCKETS for --sweep: entries override the bucket's dict in pick_config.
-GEMV_VARIANTS = [dict(block_n=bn, num_warps=w, num_stages=st, ctas_per_sm=c)
-                 for bn, w in ((64, 4), (128, 4), (128, 8), (256, 8)) for st in (3, 4) for c in (2, 3, 4, 6, 8)]
-GEMM_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, scale_w=sw, ctas_per_sm=1)
-                 for bm, bn, w, st, sw in ((64, 128, 4, 3, True), (64, 128, 4, 4, True), (128, 128, 8, 3, True),
-                                           (128, 128, 8, 4, True), (64, 256, 8, 3, True), (128, 256, 8, 3, True),
-                                           (128, 128, 8, 3, False))]
-A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, scale_w=False, ctas_per_sm=1)
-               for bm, bn, w in ((64, 128, 4), (128, 128, 8), (128, 256, 8))]
+GEMV_VARIANTS = ([dict(block_n=bn, num_warps=w, num_stages=st, weights_a=False, ctas_per_sm=c)
+                  for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 4, 4), (128, 8, 3), (256, 8, 3))
+                  for c in (2, 3, 4, 6, 8)]
+                 + [dict(block_n=bn, num_warps=w, num_stages=3, weights_a=True, ctas_per_sm=c)
+                    for bn, w in ((128, 4), (256, 8)) for c in (2, 4)])
+GEMM_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, weights_a=wa, ctas_per_sm=1)
+                 for bm, bn, w, st, wa in ((64, 128, 4, 3, True), (64, 256, 8, 3, True), (128, 128, 8, 3, True),
+                                           (128, 128, 8, 4, True), (128, 256, 8, 3, True), (128, 128, 8, 3, False))]
+A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, weights_a=wa, ctas_per_sm=1)
+               for bm, bn, w, wa in ((64, 128, 4, True), (128, 128, 8, True), (64, 256, 8, True),
+                                     (128, 128, 8, False))]
 
 
 def sweep(peak_Bps: float) -> list:
@@ -121,7 +124,11 @@ def sweep(peak_Bps: float) -> list:
             found = []
             for v in variants:
                 cfg = pick_config(m, n, k, torch.device("cuda"), **v)
-                us = time_ours(m, n, k, a8=a8, cfg=cfg)
+                try:
+                    us = time_ours(m, n, k, a8=a8, cfg=cfg)
+                except Exception as e:                                 # e.g. out of shared memory: skip
+                    print(f"{name} M={m} {_cfg_str(cfg)}: {type(e).__name__} {str(e)[:60]}", flush=True)
+                    continue
                 found.append(row("w4a8_linear" if a8 else "int4_linear", f"{name} {n}x{k} M={m}", us,
                                  int4_bytes(m, n, k, 1 if a8 else 2), 2 * m * n * k, peak_Bps,
                                  config=_cfg_str(cfg) + f" c{v['ctas_per_sm']}"))

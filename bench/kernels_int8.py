@@ -62,20 +62,30 @@ def run(peak_Bps: float) -> list:
 
 
 def _cfg_str(c: Config) -> str:
-    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} st{c.num_stages}"
+    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} st{c.num_stages}" + (" A" if c.weights_a else "")
 
 
-SWEEP = [Config(16, bn, bk, w, st) for bn, bk, w, st in ((64, 256, 4, 4), (128, 128, 4, 4), (128, 128, 4, 3),
-                                                        (128, 256, 4, 3), (128, 256, 4, 4), (256, 128, 8, 4))]
+GEMV_SWEEP = [Config(16, bn, bk, w, st) for bn, bk, w, st in ((64, 256, 4, 3), (128, 128, 4, 3), (128, 128, 4, 4),
+                                                             (128, 256, 4, 3), (256, 128, 8, 3), (128, 256, 8, 3))]
+GEMM_SWEEP = [Config(bm, bn, bk, w, 3, wa) for bm, bn, bk, w, wa in ((64, 128, 128, 4, True), (128, 128, 128, 8, True),
+                                                                    (128, 256, 64, 8, True), (64, 256, 128, 8, True),
+                                                                    (128, 128, 128, 8, False))]
 
 
 def sweep(peak_Bps: float) -> list:
     rows = []
-    for m in (1, 5):
-        found = [row("int8_linear", f"lm_head M={m}", us, lm_head_bytes(m), 2 * m * VOCAB * HIDDEN, peak_Bps,
-                     config=_cfg_str(c)) for c in SWEEP for us in [time_ours(m, c)]]
-        for r in sorted(found, key=lambda r: r["us"]):
-            print(f"{r['kernel']:12s} {r['shape']:16s} {r['config']:22s} {r['us']:9.2f} us  {r['frac_peak']:.3f}",
+    for m, configs in ((1, GEMV_SWEEP), (5, GEMV_SWEEP), (64, GEMM_SWEEP), (320, GEMM_SWEEP)):
+        found = []
+        for c in configs:
+            try:
+                us = time_ours(m, c)
+            except Exception as e:                                     # e.g. out of shared memory: skip
+                print(f"M={m} {_cfg_str(c)}: {type(e).__name__} {str(e)[:60]}", flush=True)
+                continue
+            found.append(row("int8_linear", f"lm_head M={m}", us, lm_head_bytes(m), 2 * m * VOCAB * HIDDEN,
+                             peak_Bps, config=_cfg_str(c)))
+        for r in sorted(found, key=lambda r: r["us"])[:4]:
+            print(f"{r['kernel']:12s} {r['shape']:16s} {r['config']:24s} {r['us']:9.2f} us  {r['frac_peak']:.3f}",
                   flush=True)
         rows += found
     return rows

@@ -15,10 +15,15 @@ Design, and why:
 * Unpacking without int→float conversions: t = (word >> 4j) & 0x000F000F | 0x43004300 is a pair of bf16 numbers
   128 + q (codes j and j+4 of the word), so one shift and two logic ops give two weights; subtracting 136 (or 128
   with zero points) is exact. fp16 activations use 0x6400 (1024 + q). Int8 (W4A8): t = (word >> 4j) & 0x0F0F0F0F
-  is four int8 codes j, j+2, j+4, j+6 — no arithmetic at all; the −8 becomes −8·Σx per group.
-* Each register pair/quad becomes one k-pair/quad of the mma B operand, so the dot's K order is permuted within a
+  is four int8 codes j, j+2, j+4, j+6, made signed (q − 8) by one add and one xor per four codes.
+* Each register pair/quad becomes one k-pair/quad of the mma operand, so the dot's K order is permuted within a
   group (see _codes_16/_codes_i8) and the activation tile is split into the same order in registers.
-* Scales (and zs·Σx) are applied once per group to the fp32 partial sums; the mma sees exact codes.
+* Small M (GEMV form): the mma sees exact codes, and the group's fp32 partial sums are scaled once per group.
+  Large M (WEIGHTS_A form, Hopper wgmma): the weights are the mma's A operand, which wgmma reads from registers
+  (as B they would go through shared memory with a barrier per dot); W4A16 there scales the weights before the
+  mma (rounded to x's dtype, as a bf16 dequantised checkpoint would be) so the mma accumulates across groups.
+* Group scales are loaded one group ahead by hand (see the kernel): Triton's pipeliner prefetches codes and
+  activations (they feed a dot) but not the scales.
 * Split-K over groups, reduced in one launch by kernels/splitk.store_tile (graph-safe, no memset).
 """
 import functools
@@ -73,19 +78,46 @@ def _codes_i8(q, jj: tl.constexpr, SIGNED: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _group_dot_16(x, q, acc, s, zs, HAS_ZS: tl.constexpr, SCALE_W: tl.constexpr,
+def _mma(w, x, acc, WEIGHTS_A: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc += x [BM, Kd] @ w [Kd, BN]; acc is [BN, BM] when WEIGHTS_A (weights as the A operand), else [BM, BN]."""
+    if DOT_F32:                                                # interpreter: exact here in fp32 (see _as_dot_operand)
+        w = w.to(tl.float32)
+        x = x.to(tl.float32)
+    if WEIGHTS_A:
+        return tl.dot(tl.trans(w), tl.trans(x), acc, out_dtype=acc.dtype)
+    else:
+        return tl.dot(x, w, acc, out_dtype=acc.dtype)
+
+
+@triton.jit
+def _per_col(v, WEIGHTS_A: tl.constexpr):
+    """A [BN] vector (per output column) broadcast against the accumulator."""
+    if WEIGHTS_A:
+        return v[:, None]
+    else:
+        return v[None, :]
+
+
+@triton.jit
+def _per_row(v, WEIGHTS_A: tl.constexpr):
+    """A [BM] vector (per token) broadcast against the accumulator."""
+    if WEIGHTS_A:
+        return v[None, :]
+    else:
+        return v[:, None]
+
+
+@triton.jit
+def _group_dot_16(x, q, acc, s, zs, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc [BM, BN] fp32 += x [BM, 128] (bf16/fp16) @ W (one group, codes q int32 [16, BN], s/zs [BN] fp32).
-    SCALE_W: the mma takes W = (q − 8)·s or q·s + zs rounded to x's dtype and accumulates into acc (lets wgmma
-    run asynchronously across groups; large M). Otherwise it takes exact codes and the group's sum is scaled in
-    fp32 (small M, where the extra per-weight multiply would cost more than it saves)."""
+    """acc (fp32) += x [BM, 128] (bf16/fp16) @ W over one group: codes q int32 [16, BN], s/zs [BN] fp32."""
     DT = x.dtype
     lo, hi = tl.split(tl.reshape(x, [BM, 16, 2, 2, 2]))       # k = 8r + 4e + 2·j1 + j0: lo/hi = j0
     x0, x2 = tl.split(lo)
     x1, x3 = tl.split(hi)
     xs = (tl.reshape(x0, [BM, 32]), tl.reshape(x1, [BM, 32]), tl.reshape(x2, [BM, 32]), tl.reshape(x3, [BM, 32]))
     OFFSET: tl.constexpr = 0 if HAS_ZS else 8
-    if SCALE_W:
+    if WEIGHTS_A:                                              # W = (q − 8)·s or q·s + zs in DT, mma accumulates
         s_w = s[None, :]
         zs_w = zs[None, :]
         if not DOT_F32:
@@ -95,12 +127,11 @@ def _group_dot_16(x, q, acc, s, zs, HAS_ZS: tl.constexpr, SCALE_W: tl.constexpr,
             w = _codes_16(q, jj, OFFSET, DT, BN, DOT_F32) * s_w
             if HAS_ZS:
                 w = w + zs_w
-            acc = tl.dot(_as_dot_operand(xs[jj], DOT_F32), w, acc)
-    else:
+            acc = _mma(w, xs[jj], acc, True, DOT_F32)
+    else:                                                      # exact codes, the group's sum scaled in fp32
         part = tl.zeros([BM, BN], tl.float32)
         for jj in tl.static_range(4):
-            part = tl.dot(_as_dot_operand(xs[jj], DOT_F32),
-                          _as_dot_operand(_codes_16(q, jj, OFFSET, DT, BN, DOT_F32), DOT_F32), part)
+            part = _mma(_codes_16(q, jj, OFFSET, DT, BN, DOT_F32), xs[jj], part, False, DOT_F32)
         acc += part * s[None, :]
         if HAS_ZS:
             acc += tl.sum(x.to(tl.float32), axis=1)[:, None] * zs[None, :]
@@ -114,30 +145,41 @@ def _exact_f32(d):
 
 
 @triton.jit
-def _group_dot_i8(x, q, acc, s, zs, HAS_ZS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  DOT_F32: tl.constexpr):
-    """acc [BM, BN] fp32 += (x int8 [BM, 128] @ codes) · s (+ Σx · zs), the int8 dot exact in int32.
+def _group_dot_i8(x, q, acc, s, zs, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc (fp32) += (x int8 [BM, 128] @ codes) · s (+ Σx · zs), the int8 dot exact in int32.
     Symmetric codes enter the mma as q − 8; with zero points as q (0..15), and zs·Σx adds the offset."""
     x0, x1 = tl.split(tl.reshape(x, [BM, 16, 4, 2]))           # k = 8r + 2b + jj: x0/x1 = jj
     x0 = tl.reshape(x0, [BM, 64])
     x1 = tl.reshape(x1, [BM, 64])
-    w0 = _codes_i8(q, 0, not HAS_ZS, BN)
-    w1 = _codes_i8(q, 1, not HAS_ZS, BN)
-    if DOT_F32:                                                # |sums| < 2^24: exact in fp32
-        d = tl.dot(x1.to(tl.float32), w1.to(tl.float32), tl.dot(x0.to(tl.float32), w0.to(tl.float32))).to(tl.int32)
+    if WEIGHTS_A:
+        d = tl.zeros([BN, BM], tl.float32 if DOT_F32 else tl.int32)
     else:
-        d = tl.dot(x1, w1, tl.dot(x0, w0, out_dtype=tl.int32), out_dtype=tl.int32)
-    acc += _exact_f32(d) * s[None, :]                          # |d| ≤ 128·15·128 < 2^22
+        d = tl.zeros([BM, BN], tl.float32 if DOT_F32 else tl.int32)
+    d = _mma(_codes_i8(q, 0, not HAS_ZS, BN), x0, d, WEIGHTS_A, DOT_F32)
+    d = _mma(_codes_i8(q, 1, not HAS_ZS, BN), x1, d, WEIGHTS_A, DOT_F32)
+    acc += _exact_f32(d.to(tl.int32)) * _per_col(s, WEIGHTS_A)    # |d| ≤ 128·15·128 < 2^22
     if HAS_ZS:
-        acc += tl.sum(x.to(tl.int32), axis=1).to(tl.float32)[:, None] * zs[None, :]
+        acc += _per_row(tl.sum(x.to(tl.int32), axis=1).to(tl.float32), WEIGHTS_A) * _per_col(zs, WEIGHTS_A)
     return acc
+
+
+@triton.jit
+def _load_scales(s_ptr, zs_ptr, g, N, rn, cols, HAS_ZS: tl.constexpr):
+    """Group g's scales and zs over columns rn where `cols` (raw dtype, [BN]); without zero points zs is s."""
+    s = tl.load(s_ptr + g * N + rn, mask=cols, other=0)
+    if HAS_ZS:
+        zs = tl.load(zs_ptr + g * N + rn, mask=cols, other=0)
+    else:
+        zs = s
+    return s, zs
 
 
 @triton.jit(do_not_specialize=["M"])    # one compiled kernel for M = 1 and M > 1
 def _int4_matmul_kernel(
         x_ptr, xs_ptr, qw_ptr, s_ptr, zs_ptr, out_ptr, ws_ptr, cnt_ptr,
         M, N, K, stride_xm, stride_om,
-        A8: tl.constexpr, HAS_ZS: tl.constexpr, SCALE_W: tl.constexpr,
+        A8: tl.constexpr, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr):
     # x [M, K] (bf16/fp16, or int8 with xs [M] fp32 when A8), qw int32 [K/8, N], s/zs [K/128, N], out [M, N]
     # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split-K count): M-tiles vary fastest, so CTAs sharing weights run
@@ -155,19 +197,27 @@ def _int4_matmul_kernel(
     g_hi = tl.minimum(g_lo + per_split, n_groups)
     x_tile = x_ptr + rm[:, None].to(tl.int64) * stride_xm + tl.arange(0, 128)[None, :]
     w_tile = qw_ptr + tl.arange(0, 16)[:, None] * N + rn[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    zs = tl.zeros([BLOCK_N], tl.float32)
+    if WEIGHTS_A:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    # The scales feed no dot, so Triton's pipeliner leaves their loads in place, and one waited for in every
+    # group costs a full memory latency per group: they are loaded a group ahead by hand instead (one ahead at
+    # most: the pipeliner gives up on loops carrying values further).
+    s_next, zs_next = _load_scales(s_ptr, zs_ptr, g_lo, N, rn, n_ok, HAS_ZS)
     for g in range(g_lo, g_hi):
+        s = s_next.to(tl.float32)
+        zs = zs_next.to(tl.float32)
+        s_next, zs_next = _load_scales(s_ptr, zs_ptr, g + 1, N, rn, n_ok & (g + 1 < g_hi), HAS_ZS)
         # weights are streamed once: evict first; the activations are re-read by every column tile: keep them
         q = tl.load(w_tile + g * 16 * N, mask=n_ok[None, :], other=0, eviction_policy="evict_first")
         x = tl.load(x_tile + g * 128, mask=m_ok[:, None], other=0, eviction_policy="evict_last")
-        s = tl.load(s_ptr + g * N + rn, mask=n_ok, other=0).to(tl.float32)
-        if HAS_ZS:
-            zs = tl.load(zs_ptr + g * N + rn, mask=n_ok, other=0).to(tl.float32)
         if A8:
-            acc = _group_dot_i8(x, q, acc, s, zs, HAS_ZS, BLOCK_M, BLOCK_N, DOT_F32)
+            acc = _group_dot_i8(x, q, acc, s, zs, HAS_ZS, WEIGHTS_A, BLOCK_M, BLOCK_N, DOT_F32)
         else:
-            acc = _group_dot_16(x, q, acc, s, zs, HAS_ZS, SCALE_W, BLOCK_M, BLOCK_N, DOT_F32)
+            acc = _group_dot_16(x, q, acc, s, zs, HAS_ZS, WEIGHTS_A, BLOCK_M, BLOCK_N, DOT_F32)
+    if WEIGHTS_A:
+        acc = tl.trans(acc)
     if A8:
         acc *= tl.load(xs_ptr + rm, mask=m_ok, other=0).to(tl.float32)[:, None]
     store_tile(acc, out_ptr, ws_ptr, cnt_ptr, rm, rn, M, N, stride_om, pid_m * tl.num_programs(1) + pid_n, SPLIT)
@@ -180,15 +230,15 @@ class Config:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
-    scale_w: bool = False            # W4A16: scale the weights before the mma (see _group_dot_16)
+    weights_a: bool = False          # large-M form: weights as the mma's A operand (module docstring)
 
 
 # Per M bucket (upper bound inclusive): tile sizes, and how many CTAs per SM split-K should aim for.
 # Tuned on the H200 at the 27B shapes (bench/kernels_int4.py sweeps these).
 M_BUCKETS = (
-    (16, dict(block_m=16, block_n=128, num_warps=4, num_stages=4, scale_w=False, ctas_per_sm=4)),
-    (64, dict(block_m=64, block_n=128, num_warps=4, num_stages=3, scale_w=True, ctas_per_sm=2)),
-    (None, dict(block_m=128, block_n=128, num_warps=8, num_stages=3, scale_w=True, ctas_per_sm=1)),
+    (16, dict(block_m=16, block_n=128, num_warps=4, num_stages=3, weights_a=False, ctas_per_sm=3)),
+    (64, dict(block_m=64, block_n=128, num_warps=4, num_stages=3, weights_a=True, ctas_per_sm=2)),
+    (None, dict(block_m=128, block_n=128, num_warps=8, num_stages=3, weights_a=True, ctas_per_sm=1)),
 )
 MIN_GROUPS_PER_SPLIT = 2
 
@@ -208,7 +258,7 @@ def pick_config(m: int, n: int, k: int, device, **override) -> Config:
     groups = k // GROUP
     want = max(1, min(triton.cdiv(p["ctas_per_sm"] * num_sms(device), tiles), groups // MIN_GROUPS_PER_SPLIT))
     split = triton.cdiv(groups, triton.cdiv(groups, want))
-    return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["scale_w"])
+    return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["weights_a"])
 
 
 def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
@@ -227,7 +277,7 @@ def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
     _int4_matmul_kernel[grid](
         x2, x_scale if x_scale is not None else x2, w.qweight, w.scales, zs, out2, ws, cnt,
         m, n, k, x2.stride(0), out2.stride(0),
-        A8=x_scale is not None, HAS_ZS=w.zs is not None, SCALE_W=cfg.scale_w, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        A8=x_scale is not None, HAS_ZS=w.zs is not None, WEIGHTS_A=cfg.weights_a, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         SPLIT=cfg.split_k > 1, DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

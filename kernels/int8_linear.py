@@ -38,8 +38,10 @@ def _int8_to_f16(w, DOT_F32: tl.constexpr):
 @triton.jit(do_not_specialize=["M"])    # one compiled kernel for M = 1 and M > 1
 def _int8_matmul_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        DOT_F32: tl.constexpr):
-    # x [M, K], qw int8 [N, K], s [N], out [M, N]; grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)), M-tiles fastest
+                        WEIGHTS_A: tl.constexpr, DOT_F32: tl.constexpr):
+    # x [M, K], qw int8 [N, K], s [N], out [M, N]; grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)), M-tiles fastest.
+    # WEIGHTS_A (large M, Hopper): the weights are the mma's A operand, which wgmma takes from registers (as B
+    # they would make a trip through shared memory with a barrier per tile); the accumulator is then [BN, BM].
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -49,7 +51,10 @@ def _int8_matmul_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, M, N, K, stride_xm, strid
     n_ok = rn < N
     x_tile = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
     w_tile = qw_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if WEIGHTS_A:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = rk < K - k0
         # weights are streamed once: evict first; the activations are re-read by every column tile: keep them
@@ -59,7 +64,13 @@ def _int8_matmul_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, M, N, K, stride_xm, strid
             x = x.to(tl.float32)
         else:
             x = x.to(tl.float16)
-        acc = tl.dot(x, tl.trans(_int8_to_f16(w, DOT_F32)), acc)
+        w = _int8_to_f16(w, DOT_F32)
+        if WEIGHTS_A:
+            acc = tl.dot(w, tl.trans(x), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    if WEIGHTS_A:
+        acc = tl.trans(acc)
     acc *= tl.load(s_ptr + rn, mask=n_ok, other=0).to(tl.float32)[None, :]
     out = out_ptr + rm[:, None] * stride_om + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -71,14 +82,15 @@ class Config:
     block_n: int
     block_k: int
     num_warps: int = 4
-    num_stages: int = 4
+    num_stages: int = 3
+    weights_a: bool = False          # large M: weights as the mma's A operand (see the kernel)
 
 
 # Per M bucket (upper bound inclusive). Tuned on the H200 (bench/kernels_int8.py sweeps these).
 M_BUCKETS = (
-    (16, Config(16, 128, 256, 4, 4)),
-    (64, Config(64, 128, 128, 4, 4)),
-    (None, Config(128, 128, 128, 8, 3)),
+    (16, Config(16, 128, 256, 4, 3)),
+    (64, Config(64, 128, 128, 4, 3, True)),
+    (None, Config(128, 128, 128, 8, 3, True)),
 )
 
 
@@ -99,7 +111,7 @@ def int8_linear(x: torch.Tensor, w: Int8Weight, out: torch.Tensor = None, cfg: C
     cfg = cfg or pick_config(m)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
     _int8_matmul_kernel[grid](x2, w.qweight, w.scales, out2, m, n, k, x2.stride(0), out2.stride(0),
-                              BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                              BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, WEIGHTS_A=cfg.weights_a,
                               DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

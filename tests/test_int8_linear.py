@@ -33,6 +33,7 @@ CASES = [
     (3, 136, 384, torch.bfloat16, torch.bfloat16, torch.bfloat16, Config(16, 64, 128)),
     (17, 40, 96, torch.float16, torch.float32, torch.float16, Config(16, 32, 64)),
     (5, 136, 256, torch.bfloat16, torch.float32, torch.float16, Config(32, 64, 128)),
+    (17, 136, 200, torch.bfloat16, torch.float32, torch.bfloat16, Config(32, 64, 64, weights_a=True)),
 ]
 
 
