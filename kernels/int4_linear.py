@@ -233,8 +233,9 @@ class Config:
     weights_a: bool = False          # large-M form: weights as the mma's A operand (module docstring)
 
 
-# Per M bucket (upper bound inclusive): tile sizes, and how many CTAs per SM split-K should aim for.
-# Tuned on the H200 at the 27B shapes (bench/kernels_int4.py sweeps these).
+# Per M bucket (upper bound inclusive): tile sizes, and how many CTAs per SM split-K should aim for. From a first
+# H200 sweep at the 27B shapes, made before the scale prefetch and the WEIGHTS_A form existed; not re-measured
+# since: retune with `python -m bench.kernels_int4 --sweep`.
 M_BUCKETS = (
     (16, dict(block_m=16, block_n=128, num_warps=4, num_stages=3, weights_a=False, ctas_per_sm=3)),
     (64, dict(block_m=64, block_n=128, num_warps=4, num_stages=3, weights_a=True, ctas_per_sm=2)),
@@ -250,10 +251,19 @@ def num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def has_wgmma(device) -> bool:
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def pick_config(m: int, n: int, k: int, device, **override) -> Config:
     """Tile table by M bucket (entries can be overridden, e.g. by the benchmark's sweep); split-K only where the
-    output tiles alone leave the GPU under-filled, and never with an empty split."""
+    output tiles alone leave the GPU under-filled, and never with an empty split. Without wgmma (sm_8x) the
+    large-M tiles keep the weights as the B operand (mma.sync takes both from registers anyway), at most 64 rows
+    and 8 warps: larger tiles spill there (checked with ptxas for sm_86)."""
     p = dict(next(p for bound, p in M_BUCKETS if bound is None or m <= bound), **override)
+    if not has_wgmma(device) and p["block_m"] > 16:
+        p.update(weights_a=False, block_m=64, num_warps=8)
     tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, p["block_n"])
     groups = k // GROUP
     want = max(1, min(triton.cdiv(p["ctas_per_sm"] * num_sms(device), tiles), groups // MIN_GROUPS_PER_SPLIT))

@@ -86,7 +86,8 @@ class Config:
     weights_a: bool = False          # large M: weights as the mma's A operand (see the kernel)
 
 
-# Per M bucket (upper bound inclusive). Tuned on the H200 (bench/kernels_int8.py sweeps these).
+# Per M bucket (upper bound inclusive). M ≤ 16: best of a first H200 sweep; the WEIGHTS_A rows for larger M
+# are not measured yet: retune with `python -m bench.kernels_int8 --sweep`.
 M_BUCKETS = (
     (16, Config(16, 128, 256, 4, 3)),
     (64, Config(64, 128, 128, 4, 3, True)),
