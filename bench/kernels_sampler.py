@@ -101,7 +101,7 @@ def peers(peak):
 def sweep(peak):
     rows = []
     base = SamplerConfig()
-    variants = [dict(block=2048), dict(pivots=16), dict(levels=1)]
+    variants = [dict(block=2048), dict(pivots=16), dict(levels=2)]
     for change in variants:
         cfg = dataclasses.replace(base, **change)
         tag = ",".join(f"{k}={v}" for k, v in change.items())

@@ -22,7 +22,9 @@ from layers.model import apply_rope, gated_rms_norm, rms_norm_1p
 def int8_per_token_ref(y):
     """y [T, N] -> (q int8 [T, N], s fp32 [T])."""
     yf = y.float()
-    s = (yf.abs().amax(-1) / 127).clamp_min(1e-6)
+    amax = yf.abs().amax(-1)
+    # tensor / tensor: CUDA torch turns a division by a Python scalar into a multiply by its reciprocal
+    s = (amax / torch.full_like(amax, 127.0)).clamp_min(1e-6)
     return torch.round(yf / s[:, None]).clamp(-127, 127).to(torch.int8), s
 
 
@@ -165,29 +167,33 @@ def _silu_mul_value(g_ptr, u_ptr, offs, m):
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, q_ptr, s_ptr, I, g_stride, u_stride, CHUNKS,
+def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, amax_ptr, I, g_stride, u_stride, NCH,
                      WRITE_Y: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
-    """gate, up [T, I] (row strides given, e.g. halves of a merged gate_up), y/q [T, I] contiguous.
-    grid (T, cdiv(I, BLOCK·CHUNKS)); with QUANT one program per token (CHUNKS covers the row): a second pass
-    recomputes y once the row's max is known."""
-    t = tl.program_id(0).to(tl.int64)
-    c0 = tl.program_id(1) * CHUNKS
-    amax = tl.zeros([], tl.float32)
-    for c in range(c0, c0 + CHUNKS):
-        offs = c * BLOCK + tl.arange(0, BLOCK)
-        m = offs < I
-        y = _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m)
-        if WRITE_Y:
-            tl.store(y_ptr + t * I + offs, y, mask=m)
-        amax = tl.maximum(amax, tl.max(tl.abs(y), 0))
+    """gate, up [T, I] (row strides given, e.g. halves of a merged gate_up), y [T, I] contiguous; grid (T, NCH).
+    With QUANT each chunk's max |y| goes to amax [T, NCH] for _silu_mul_int8_kernel."""
+    t, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    m = offs < I
+    y = _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m)
+    if WRITE_Y:
+        tl.store(y_ptr + t * I + offs, y, mask=m)
     if QUANT:
-        s = _int8_scale(amax)
+        tl.store(amax_ptr + t * NCH + c, tl.max(tl.abs(y), 0))
+
+
+@triton.jit
+def _silu_mul_int8_kernel(g_ptr, u_ptr, amax_ptr, q_ptr, s_ptr, I, g_stride, u_stride, NCH,
+                          BLOCK: tl.constexpr, NCHP: tl.constexpr):
+    """grid (T, NCH): the row's scale from its chunk maxima, then this chunk's codes from y recomputed (the same
+    instructions as the first pass, so bit-identical) rather than a row loop in one program per token."""
+    t, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    i = tl.arange(0, NCHP)
+    s = _int8_scale(tl.max(tl.load(amax_ptr + t * NCH + i, mask=i < NCH, other=0.0), 0))
+    if c == 0:
         tl.store(s_ptr + t, s)
-        for c in range(c0, c0 + CHUNKS):
-            offs = c * BLOCK + tl.arange(0, BLOCK)
-            m = offs < I
-            y = _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m)
-            _int8_store(q_ptr + t * I + offs, y, s, m)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    m = offs < I
+    _int8_store(q_ptr + t * I + offs, _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m), s, m)
 
 
 # ------------------------------------------------------------------------------------------- host side
@@ -236,18 +242,22 @@ def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=F
     return q, k_out, gate
 
 
-def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, block=4096):
+def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, amax=None, block=4096):
     """gate, up [T, I] (unit stride along I; e.g. the halves of a merged gate_up) -> y [T, I] and, when quant,
-    (q int8 [T, I], s [T]); write_y=False skips y when only the int8 copy is consumed."""
+    (q int8 [T, I], s [T]); write_y=False skips y when only the int8 copy is consumed. amax [T, cdiv(I, block)]
+    fp32 is the int8 scratch (pass it, like the outputs, for graph capture)."""
     T, I = gate.shape
     assert gate.stride(1) == 1 and up.stride(1) == 1 and (write_y or quant)
-    y = _buf(y, (T, I), gate.dtype, gate.device) if write_y else None
-    q, s = (_buf(q, (T, I), torch.int8, gate.device), _buf(s, (T,), torch.float32, gate.device)) if quant \
-        else (None, None)
     block = min(block, triton.next_power_of_2(I))
-    chunks = triton.cdiv(I, block) if quant else 1   # int8 needs the whole row's max: one program per token
-    _silu_mul_kernel[(T, triton.cdiv(I, block * chunks))](gate, up, y if write_y else q, q if quant else y,
-                                                          s if quant else gate, I, gate.stride(0), up.stride(0),
-                                                          chunks, WRITE_Y=write_y, QUANT=quant, BLOCK=block,
-                                                          num_warps=8)
-    return tuple(o for o in (y, q, s) if o is not None) if quant else y
+    nch = triton.cdiv(I, block)
+    y = _buf(y, (T, I), gate.dtype, gate.device) if write_y else None
+    if quant:
+        q, s = _buf(q, (T, I), torch.int8, gate.device), _buf(s, (T,), torch.float32, gate.device)
+        amax = _buf(amax, (T, nch), torch.float32, gate.device)
+    _silu_mul_kernel[(T, nch)](gate, up, y if write_y else gate, amax if quant else gate, I, gate.stride(0),
+                               up.stride(0), nch, WRITE_Y=write_y, QUANT=quant, BLOCK=block, num_warps=8)
+    if not quant:
+        return y
+    _silu_mul_int8_kernel[(T, nch)](gate, up, amax, q, s, I, gate.stride(0), up.stride(0), nch, BLOCK=block,
+                                    NCHP=triton.next_power_of_2(nch), num_warps=8)
+    return tuple(o for o in (y, q, s) if o is not None)

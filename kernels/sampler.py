@@ -51,7 +51,7 @@ class SamplerConfig:
     pivots: int = 32            # per level
     group: int = 8              # pivots compared per step (the [block, group] tile bounds registers)
     cap: int = 2048             # candidates resolved by one program
-    levels: int = 2
+    levels: int = 3             # two leave 3.7k of a 151k-token top-p support (T 1.5, p .95) in the bracket
 
 
 class SamplerWorkspace:
@@ -171,11 +171,11 @@ def _store_state(st, lo, hs, clo, chs, mlo, mhs, M, Z):
 
 @triton.jit
 def _classify(lo, hs, clo, chs, M, kact, pact, CAP: tl.constexpr):
-    """-> (resolved, fits): resolved when the bracket holds the single value lo and that value is the
+    """-> (resolved, fits, tie): tie when the bracket holds the single value lo; resolved when that value is the
     threshold (top-k and top-p together still need the kept elements to find the top-p cut); fits when the
-    candidates (everything >= lo for top-k rows, the bracket for top-p rows) fit the buffer."""
+    candidates fit the buffer: every element >= lo for top-k with top-p, the bracket [lo, hs) otherwise."""
     tie = (_key(hs) - _key(lo) <= 1) | (lo >= M)
-    fits = clo - tl.where(kact, 0.0, chs) <= CAP
+    fits = clo - tl.where(kact & pact, 0.0, chs) <= CAP
     return tie & ~(kact & pact), fits, tie
 
 
@@ -273,16 +273,22 @@ def _level_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, 
             x = _load_x(logits_ptr + r.to(tl.int64) * stride, offs, V, inv_t)
             xb = tl.where((x >= lo) & (x < hs), x, float("-inf"))   # bracket elements; the rest is known
             if tl.max(xb, 0) > float("-inf"):
-                e = tl.exp(xb - M)
+                mass_rows = pact & ~kact   # masses only steer top-p-only rows
+                if mass_rows:
+                    e = tl.exp(xb - M)
+                else:
+                    e = tl.zeros([BLOCK], tl.float32)
                 t2 = tl.reshape(t, [P // PG, PG])
                 gi = tl.arange(0, P // PG)[:, None]
                 for g in tl.static_range(P // PG):
                     tg = tl.sum(tl.where(gi == g, t2, 0.0), 0)
                     ge = xb[:, None] >= tg[None, :]
-                    tl.atomic_add(cnt_ptr + data + g * PG + tl.arange(0, PG), tl.sum(ge.to(tl.int32), 0))
-                    if pact & ~kact:   # masses only steer top-p-only rows
+                    # relaxed: only the sums matter, and the next kernel reads them (acq_rel would fence each)
+                    tl.atomic_add(cnt_ptr + data + g * PG + tl.arange(0, PG), tl.sum(ge.to(tl.int32), 0),
+                                  sem="relaxed")
+                    if mass_rows:
                         tl.atomic_add(mass_ptr + data + g * PG + tl.arange(0, PG),
-                                      tl.sum(tl.where(ge, e[:, None], 0.0), 0))
+                                      tl.sum(tl.where(ge, e[:, None], 0.0), 0), sem="relaxed")
 
 
 @triton.jit
@@ -306,16 +312,22 @@ def _compact_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
             if b == 0:
                 _store_state(st_ptr + (r * (NLEV + 1) + NLEV) * 8, lo, hs, clo, chs, mlo, mhs, M, Z)
             resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
-            hi = tl.where(kact, float("inf"), hs)   # top-k rows keep every element >= lo as a candidate
+            # top-k with top-p keeps every element >= lo as a candidate (the top-p cut needs the whole top-k set);
+            # otherwise the elements above the bracket are surely kept: raced and summed here
+            hi = tl.where(kact & pact, float("inf"), hs)
             t_race = tl.where(resolved, lo, tl.where(fits, hi, float("inf")))
-            if resolved:
-                tl.atomic_add(zs_ptr + r, tl.sum(tl.where(x >= lo, tl.exp(x - M), 0.0), 0))
-            elif fits:
+            if resolved | fits:
+                kept = tl.sum(tl.where(x >= t_race, tl.exp(x - M), 0.0), 0)
+                if kept > 0.0:
+                    tl.atomic_add(zs_ptr + r, kept, sem="relaxed")
+            if fits & ~resolved:
                 w = (x >= lo) & (x < hi)
-                base = tl.atomic_add(cand_n_ptr + r, tl.sum(w.to(tl.int32), 0))
-                pos = base + tl.cumsum(w.to(tl.int32), 0) - 1
-                tl.store(cand_val_ptr + r * CAP + pos, x, mask=w & (pos < CAP))
-                tl.store(cand_idx_ptr + r * CAP + pos, offs, mask=w & (pos < CAP))
+                n_here = tl.sum(w.to(tl.int32), 0)
+                if n_here > 0:
+                    base = tl.atomic_add(cand_n_ptr + r, n_here, sem="relaxed")
+                    pos = base + tl.cumsum(w.to(tl.int32), 0) - 1
+                    tl.store(cand_val_ptr + r * CAP + pos, x, mask=w & (pos < CAP))
+                    tl.store(cand_idx_ptr + r * CAP + pos, offs, mask=w & (pos < CAP))
         sel = (offs < V) & (x >= t_race)
         if tl.max(sel.to(tl.int32), 0) > 0:
             best, best_i = _race(x, sel, M, offs, seed, r, off, RACE)
@@ -369,46 +381,69 @@ def _fallback(row_ptr, V, inv_t, M, Z, lo, hs, kact, pact, k, p, seed, r, off, B
 
 
 @triton.jit
+def _candidates(cv, ci, n, kact, pact, rank, p, M, Z, above, seed, r, off):
+    """Exact threshold from the n candidates cv (−inf padded; ids ci), sorted here; the kept mass and the race
+    winner among them. `above` is the mass of the surely kept elements above the candidates and the k-th largest
+    value is the rank-th candidate (top-k with top-p: every element >= lo is a candidate and above = 0)."""
+    C: tl.constexpr = cv.shape[0]
+    j = tl.arange(0, C)
+    s = tl.sort(cv, descending=True)
+    e = tl.exp(s - M)
+    tk = tl.where(kact, tl.max(tl.where(j == rank - 1, s, float("-inf")), 0), float("-inf"))
+    zk = tl.where(kact, above + tl.sum(tl.where(s >= tk, e, 0.0), 0), Z)
+    cum = above + tl.cumsum(e, 0)
+    # first sorted position whose inclusive mass reaches p: its value is the cut (min() is robust to a
+    # parallel prefix sum that is not monotone)
+    first = tl.minimum(tl.min(tl.where(cum >= p * zk, j, C), 0), n - 1)
+    tp = tl.where(pact, tl.max(tl.where(j == first, s, float("-inf")), 0), float("-inf"))
+    tau = tl.minimum(tl.maximum(tk, tp), M)
+    best, tok = _race(cv, (j < n) & (cv >= tau), M, ci, seed, r, off, RACE)
+    return tau, above + tl.sum(tl.where(s >= tau, e, 0.0), 0), best, tok
+
+
+@triton.jit
 def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, psum_ptr, parg_ptr, NB,
                     st_ptr, cand_n_ptr, cand_val_ptr, cand_idx_ptr, zs_ptr, best_ptr, best_idx_ptr,
                     seed_ptr, offset_ptr, ticket_ptr, n_rows, d2t_ptr, ids_ptr, desc_ptr,
-                    NLEV: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
-                    HAS_D2T: tl.constexpr, ADVANCE: tl.constexpr):
+                    NLEV: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr,
+                    NBP: tl.constexpr, HAS_D2T: tl.constexpr, ADVANCE: tl.constexpr):
     """grid (R,): the token and descriptor of each row."""
     r = tl.program_id(0)
     inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
     seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
+    # every load that does not depend on another first, so their latencies overlap (inside the branches below
+    # they would be serialised); rows that do not use them ignore the values
+    lo, hs, clo, chs, mlo, mhs, M_st, Z_st = _load_state(st_ptr + (r * (NLEV + 1) + NLEV) * 8)
+    n = tl.load(cand_n_ptr + r)
+    above = tl.load(zs_ptr + r)
+    j = tl.arange(0, SMALL)
+    cv, ci = tl.load(cand_val_ptr + r * CAP + j), tl.load(cand_idx_ptr + r * CAP + j)
+    bs, _ = _combine_blocks(best_ptr + r * NBP, NB, NBP)
     M, Z = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
     pm, i = _combine_blocks(pmax_ptr + r * NBP, NB, NBP)
     tok = tl.load(parg_ptr + r * NBP + tl.min(tl.where(pm == M, i, NBP), 0))   # greedy: first argmax
     tau, zs = M, tl.zeros([], tl.float32) + 1.0
     if sampled:
-        bs, _ = _combine_blocks(best_ptr + r * NBP, NB, NBP)
         best = tl.max(bs, 0)
         tok = tl.load(best_idx_ptr + r * NBP + tl.argmax(bs, 0))
         tau, zs = tl.zeros([], tl.float32) + float("-inf"), Z
         if kact | pact:
-            lo, hs, clo, chs, mlo, mhs, M, Z = _load_state(st_ptr + (r * (NLEV + 1) + NLEV) * 8)
+            M, Z = M_st, Z_st
             resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
             row_ptr = logits_ptr + r.to(tl.int64) * stride
             if resolved:
-                tau, zs = lo, tl.load(zs_ptr + r)
+                tau, zs = lo, above
             elif fits:
-                n = tl.load(cand_n_ptr + r)
-                j = tl.arange(0, CAP)
-                cv = tl.load(cand_val_ptr + r * CAP + j, mask=j < n, other=float("-inf"))
-                ci = tl.load(cand_idx_ptr + r * CAP + j, mask=j < n, other=0)
-                s = tl.sort(cv, descending=True)
-                e = tl.exp(s - M)
-                tk = tl.where(kact, tl.max(tl.where(j == k - 1, s, float("-inf")), 0), float("-inf"))
-                zk = tl.where(kact, tl.sum(tl.where(s >= tk, e, 0.0), 0), Z)
-                above = tl.where(kact, 0.0, mhs)                 # mass surely kept above the candidates
-                cum = above + tl.cumsum(e, 0)
-                first = tl.minimum(tl.min(tl.where(cum >= p * zk, j, CAP), 0), n - 1)
-                tp = tl.where(pact, tl.max(tl.where(j == first, s, float("-inf")), 0), float("-inf"))
-                tau = tl.minimum(tl.maximum(tk, tp), M)
-                zs = above + tl.sum(tl.where(s >= tau, e, 0.0), 0)
-                cbest, ctok = _race(cv, (j < n) & (cv >= tau), M, ci, seed, r, off, RACE)
+                rank = k - tl.where(pact, 0.0, chs).to(tl.int32)   # top-k only: the bracket holds ranks > chs
+                if n <= SMALL:   # the usual case (top-k 20: tens of candidates) sorts a short buffer
+                    tau, zs, cbest, ctok = _candidates(tl.where(j < n, cv, float("-inf")), ci, n, kact, pact, rank,
+                                                       p, M, Z, above, seed, r, off)
+                else:
+                    jc = tl.arange(0, CAP)
+                    tau, zs, cbest, ctok = _candidates(
+                        tl.load(cand_val_ptr + r * CAP + jc, mask=jc < n, other=float("-inf")),
+                        tl.load(cand_idx_ptr + r * CAP + jc, mask=jc < n, other=0), n, kact, pact, rank, p, M, Z,
+                        above, seed, r, off)
                 tok = tl.where(cbest > best, ctok, tok)
             else:
                 tau, zs, fbest, tok = _fallback(row_ptr, V, inv_t, M, Z, lo, hs, kact, pact, k, p, seed, r, off,
@@ -531,7 +566,8 @@ def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace =
     _resolve_kernel[(R,)](*rows, ws.pmax, ws.psum, ws.parg, nb, ws.state, ws.cand_n, ws.cand_val, ws.cand_idx,
                           ws.zs, ws.best, ws.best_idx, seed, offset, ws.ticket, R,
                           ws.ids if d2t is None else d2t, ws.ids, ws.desc,
-                          NLEV=c.levels, CAP=c.cap, BLOCK=c.block, NBP=nbp, HAS_D2T=d2t is not None,
+                          NLEV=c.levels, CAP=c.cap, SMALL=max(c.cap // 8, 2), BLOCK=c.block, NBP=nbp,
+                          HAS_D2T=d2t is not None,
                           ADVANCE=advance, num_warps=wide)
     return ws.ids[:R], ws.desc[:R]
 

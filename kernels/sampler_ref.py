@@ -12,7 +12,7 @@ import torch
 
 def scaled_logits(logits, temperature):
     """logits [R, V], temperature [R] -> x [R, V] fp32 (greedy rows unscaled)."""
-    t = temperature.float()
+    t = temperature.float().to(logits.device)
     inv_t = 1.0 / torch.where(t > 0, t, torch.ones_like(t))
     return logits.float() * inv_t[:, None]
 

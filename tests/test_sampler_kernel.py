@@ -11,7 +11,7 @@ from kernels import sampler as S
 from kernels import sampler_ref as ref
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-SMALL = S.SamplerConfig(block=64, pivots=8, group=4, cap=32, levels=2)
+SMALL = S.SamplerConfig(block=64, pivots=8, group=4, cap=32, levels=3)
 
 
 def rng(seed=0, offset=0):
@@ -51,7 +51,7 @@ def modes(ws, R, params, V):
         lo, hs, clo, chs, M = st[r, 0].item(), st[r, 1].item(), st[r, 2].item(), st[r, 3].item(), st[r, 6].item()
         key = lambda v: (lambda b: b ^ 0x7FFFFFFF if b < 0 else b)(torch.tensor([v + 0.0]).view(torch.int32).item())
         tie = key(hs) - key(lo) <= 1 or lo >= M
-        fits = clo - (0 if kact else chs) <= ws.cfg.cap
+        fits = clo - (0 if kact and pact else chs) <= ws.cfg.cap
         out.append("tie" if tie and not (kact and pact) else "cand" if fits else "fallback")
     return out
 
