@@ -2,12 +2,14 @@
 speculative rejection sampling (ENGINE.md §2, §3, §6). Plain-torch references: kernels/sampler_ref.py, whose
 docstring states the truncation semantics (value thresholds: a tie group is kept or dropped whole).
 
-Per row, four passes of grid (rows, blocks), no sort of the vocabulary and no host sync:
+Per row, passes of grid (rows, blocks) (stats, `levels` level passes, compact) then one program per row
+(resolve); no sort of the vocabulary and no host sync:
   stats    per block: max, Σexp, argmax of x = logits / T.
   level l  P pivots inside the bracket [lo, hs) known to hold the threshold; each block counts (and, for
            top-p-only rows, sums exp of) its bracket elements >= each pivot; sums are atomics. The next pass
            narrows the bracket to one pivot gap. Level 0 spreads pivots over [M − 64, M], later ones evenly.
-  compact  copies the <= CAP bracket elements out; races the elements surely kept.
+  compact  copies the <= CAP candidates out (the bracket; every element >= lo for top-k with top-p, whose cut
+           needs the whole top-k set); races and sums the elements surely kept.
   resolve  one program per row sorts the candidates, finds the exact threshold and races them. Rows whose
            bracket still overflows (a tie group larger than CAP at the cut) take an exact bisection over the row.
 Sampling is an exponential race, argmax over the support of (x − M) − log E_v with E_v ~ Exp(1) drawn from
@@ -28,7 +30,7 @@ RACE = tl.constexpr(0)          # Philox stream ids: keep the draws of different
 RESIDUAL = tl.constexpr(1)
 ACCEPT = tl.constexpr(2)
 DEPTH = tl.constexpr(64.0)      # nats below the max covered by the first level (exp(−64) is below fp32 relevance)
-NSTATE = 8                      # bracket state: lo, hs, count(x>=lo), count(x>=hs), mass(x>=lo), mass(x>=hs), M, Z
+NSTATE = tl.constexpr(7)        # bracket state: lo, hs, count(x >= lo), count(x >= hs), mass(x >= hs), M, Z
 
 
 @dataclass
@@ -67,7 +69,7 @@ class SamplerWorkspace:
         self.piv = torch.empty(rows, cfg.levels, cfg.pivots, **f32)
         self.cnt = torch.zeros(rows, cfg.levels, cfg.pivots, **i32)
         self.mass = torch.zeros(rows, cfg.levels, cfg.pivots, **f32)
-        self.state = torch.empty(rows, cfg.levels + 1, NSTATE, **f32)
+        self.state = torch.empty(rows, cfg.levels + 1, NSTATE.value, **f32)
         self.cand_n, self.zs = torch.zeros(rows, **i32), torch.zeros(rows, **f32)
         self.cand_val, self.cand_idx = torch.empty(rows, cfg.cap, **f32), torch.empty(rows, cfg.cap, **i32)
         self.best, self.best_idx = torch.empty(rows, self.nbp, **f32), torch.empty(rows, self.nbp, **i32)
@@ -154,19 +156,18 @@ def _max_and_mass(pmax_ptr, psum_ptr, NB, NBP: tl.constexpr):
 @triton.jit
 def _load_state(st):
     return (tl.load(st + 0), tl.load(st + 1), tl.load(st + 2), tl.load(st + 3),
-            tl.load(st + 4), tl.load(st + 5), tl.load(st + 6), tl.load(st + 7))
+            tl.load(st + 4), tl.load(st + 5), tl.load(st + 6))
 
 
 @triton.jit
-def _store_state(st, lo, hs, clo, chs, mlo, mhs, M, Z):
+def _store_state(st, lo, hs, clo, chs, mhs, M, Z):
     tl.store(st + 0, lo)
     tl.store(st + 1, hs)
     tl.store(st + 2, clo)
     tl.store(st + 3, chs)
-    tl.store(st + 4, mlo)
-    tl.store(st + 5, mhs)
-    tl.store(st + 6, M)
-    tl.store(st + 7, Z)
+    tl.store(st + 4, mhs)
+    tl.store(st + 5, M)
+    tl.store(st + 6, Z)
 
 
 @triton.jit
@@ -180,7 +181,7 @@ def _classify(lo, hs, clo, chs, M, kact, pact, CAP: tl.constexpr):
 
 
 @triton.jit
-def _choose(lo, hs, clo, chs, mlo, mhs, piv_ptr, cnt_ptr, mass_ptr, kact, k, target, P: tl.constexpr):
+def _choose(lo, hs, clo, chs, mhs, piv_ptr, cnt_ptr, mass_ptr, kact, k, target, P: tl.constexpr):
     """New bracket from one level's pivots: the gap between the last pivot still above the threshold and the
     first one at or below it (fewer than k elements, or less than the target mass, lie above the threshold)."""
     i = tl.arange(0, P)
@@ -192,7 +193,7 @@ def _choose(lo, hs, clo, chs, mlo, mhs, piv_ptr, cnt_ptr, mass_ptr, kact, k, tar
     up, dn = i == a - 1, i == a
     return (tl.where(a < P, tl.sum(tl.where(dn, t, 0.0), 0), lo), tl.where(a > 0, tl.sum(tl.where(up, t, 0.0), 0), hs),
             tl.where(a < P, tl.sum(tl.where(dn, c, 0.0), 0), clo), tl.where(a > 0, tl.sum(tl.where(up, c, 0.0), 0), chs),
-            tl.where(a < P, tl.sum(tl.where(dn, m, 0.0), 0), mlo), tl.where(a > 0, tl.sum(tl.where(up, m, 0.0), 0), mhs))
+            tl.where(a > 0, tl.sum(tl.where(up, m, 0.0), 0), mhs))
 
 
 @triton.jit
@@ -215,13 +216,13 @@ def _pivots(lo, hs, M, LEVEL: tl.constexpr, P: tl.constexpr):
 def _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, L, kact, pact, k, p, NLEV: tl.constexpr,
                 P: tl.constexpr, CAP: tl.constexpr):
     """The bracket after level L − 1: the stored state before it, narrowed by its pivots if it ran."""
-    lo, hs, clo, chs, mlo, mhs, M, Z = _load_state(st_ptr + (r * (NLEV + 1) + L - 1) * 8)
+    lo, hs, clo, chs, mhs, M, Z = _load_state(st_ptr + (r * (NLEV + 1) + L - 1) * NSTATE)
     resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
     if ~tie & ~fits:
         data = (r * NLEV + L - 1) * P
-        lo, hs, clo, chs, mlo, mhs = _choose(lo, hs, clo, chs, mlo, mhs, piv_ptr + data, cnt_ptr + data,
+        lo, hs, clo, chs, mhs = _choose(lo, hs, clo, chs, mhs, piv_ptr + data, cnt_ptr + data,
                                              mass_ptr + data, kact, k, p * Z, P)
-    return lo, hs, clo, chs, mlo, mhs, M, Z
+    return lo, hs, clo, chs, mhs, M, Z
 
 
 # ------------------------------------------------------------------------------------------- sampler passes
@@ -257,12 +258,12 @@ def _level_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, 
         if LEVEL == 0:
             M, Z = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
             zero = tl.zeros([], tl.float32)
-            lo, hs, clo, chs, mlo, mhs = zero + float("-inf"), zero + float("inf"), zero + V, zero, Z, zero
+            lo, hs, clo, chs, mhs = zero + float("-inf"), zero + float("inf"), zero + V, zero, zero
         else:
-            lo, hs, clo, chs, mlo, mhs, M, Z = _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, LEVEL, kact, pact,
-                                                           k, p, NLEV, P, CAP)
+            lo, hs, clo, chs, mhs, M, Z = _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, LEVEL, kact, pact,
+                                                      k, p, NLEV, P, CAP)
         if b == 0:
-            _store_state(st_ptr + (r * (NLEV + 1) + LEVEL) * 8, lo, hs, clo, chs, mlo, mhs, M, Z)
+            _store_state(st_ptr + (r * (NLEV + 1) + LEVEL) * NSTATE, lo, hs, clo, chs, mhs, M, Z)
         resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
         if ~tie & ~fits:
             t = _pivots(lo, hs, M, LEVEL, P)
@@ -307,10 +308,10 @@ def _compact_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
     if sampled:
         t_race = tl.zeros([], tl.float32) + float("-inf")   # untruncated rows race everything here
         if kact | pact:
-            lo, hs, clo, chs, mlo, mhs, M, Z = _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, NLEV, kact, pact,
-                                                           k, p, NLEV, P, CAP)
+            lo, hs, clo, chs, mhs, M, Z = _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, NLEV, kact, pact,
+                                                      k, p, NLEV, P, CAP)
             if b == 0:
-                _store_state(st_ptr + (r * (NLEV + 1) + NLEV) * 8, lo, hs, clo, chs, mlo, mhs, M, Z)
+                _store_state(st_ptr + (r * (NLEV + 1) + NLEV) * NSTATE, lo, hs, clo, chs, mhs, M, Z)
             resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
             # top-k with top-p keeps every element >= lo as a candidate (the top-p cut needs the whole top-k set);
             # otherwise the elements above the bracket are surely kept: raced and summed here
@@ -413,7 +414,7 @@ def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
     seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
     # every load that does not depend on another first, so their latencies overlap (inside the branches below
     # they would be serialised); rows that do not use them ignore the values
-    lo, hs, clo, chs, mlo, mhs, M_st, Z_st = _load_state(st_ptr + (r * (NLEV + 1) + NLEV) * 8)
+    lo, hs, clo, chs, mhs, M_st, Z_st = _load_state(st_ptr + (r * (NLEV + 1) + NLEV) * NSTATE)
     n = tl.load(cand_n_ptr + r)
     above = tl.load(zs_ptr + r)
     j = tl.arange(0, SMALL)

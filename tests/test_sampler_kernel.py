@@ -48,7 +48,7 @@ def modes(ws, R, params, V):
         if not (kact or pact):
             out.append("all")
             continue
-        lo, hs, clo, chs, M = st[r, 0].item(), st[r, 1].item(), st[r, 2].item(), st[r, 3].item(), st[r, 6].item()
+        lo, hs, clo, chs, M = st[r, 0].item(), st[r, 1].item(), st[r, 2].item(), st[r, 3].item(), st[r, 5].item()
         key = lambda v: (lambda b: b ^ 0x7FFFFFFF if b < 0 else b)(torch.tensor([v + 0.0]).view(torch.int32).item())
         tie = key(hs) - key(lo) <= 1 or lo >= M
         fits = clo - (0 if kact and pact else chs) <= ws.cfg.cap
