@@ -4,12 +4,13 @@ Measures the peak bandwidth once, then runs each suite (a module bench/kernels_<
 `run(peak_Bps) -> list[row]`) and writes bench/results/kernels-<gpu>.json and .md."""
 import argparse
 import importlib
+import traceback
 
 import torch
 
 from bench.harness import gpu_name, measure_bandwidth, write_results
 
-SUITES = ["gdn", "attn", "int4", "int8", "sampler", "norms"]  # names of bench/kernels_<name>.py modules, in report order
+SUITES = ["int4", "int8", "attn", "gdn", "sampler", "norms"]  # bench/kernels_<name>.py modules, in report order
 
 
 def main():
@@ -20,10 +21,15 @@ def main():
     peak = bw["copy_Bps"]
     meta = {"gpu": gpu_name(), "torch": torch.__version__, "peak_copy_GBps": round(peak / 1e9, 1),
             "peak_read_GBps": round(bw["read_Bps"] / 1e9, 1), "frac_peak is relative to": "peak_copy_GBps"}
-    rows = []
-    for name in (args.only.split(",") if args.only else SUITES):
-        rows += importlib.import_module(f"bench.kernels_{name}").run(peak)
-    print(write_results("kernels" if not args.only else "kernels-" + args.only.replace(",", "-"), rows, meta))
+    rows, name = [], "kernels" if not args.only else "kernels-" + args.only.replace(",", "-")
+    for suite in (args.only.split(",") if args.only else SUITES):
+        try:
+            rows += importlib.import_module(f"bench.kernels_{suite}").run(peak)
+        except Exception as e:      # one broken suite must not cost the others' results
+            traceback.print_exc()
+            rows.append({"kernel": suite, "shape": "suite failed", "error": f"{type(e).__name__}: {e}"[:200]})
+        md = write_results(name, rows, meta)    # rewritten after every suite: a run cut short keeps what it has
+    print(md)
 
 
 if __name__ == "__main__":
