@@ -78,3 +78,17 @@ def write_results(name: str, rows: list, meta: dict) -> str:
     with open(base + ".md", "w") as f:
         f.write(md)
     return md
+
+
+def suite_main(run, sweep, doc: str):
+    """`python -m bench.kernels_<name> [--sweep]`: one suite on its own; the sweep prints its own ranking."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--sweep", action="store_true", help="try every config of the table's search space")
+    args = ap.parse_args()
+    peak = measure_bandwidth()["copy_Bps"]
+    print(f"{gpu_name()}: peak copy {peak / 1e9:.0f} GB/s")
+    rows = sweep(peak) if args.sweep else run(peak)
+    if not args.sweep:
+        for r in rows:
+            print(r)

@@ -7,12 +7,11 @@ outputs (QUANT.md §7); `vs_cublas` = cuBLAS time / this time at the same shape.
 
 `python -m bench.kernels_int4 --sweep` times alternatives to the config table in kernels/int4_linear.py
 (M_BUCKETS) and prints them fastest first, to retune it."""
-import argparse
 import itertools
 
 import torch
 
-from bench.harness import gpu_name, measure_bandwidth, row, time_us
+from bench.harness import row, suite_main, time_us
 from kernels.int4_linear import Config, int4_linear, pick_config, w4a8_linear
 from layers.quant import Int4Weight
 
@@ -141,12 +140,4 @@ def sweep(peak_Bps: float) -> list:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sweep", action="store_true")
-    args = ap.parse_args()
-    peak = measure_bandwidth()["copy_Bps"]
-    print(f"{gpu_name()}: peak copy {peak / 1e9:.0f} GB/s")
-    rows = sweep(peak) if args.sweep else run(peak)
-    if not args.sweep:
-        for r in rows:
-            print(r)
+    suite_main(run, sweep, __doc__)

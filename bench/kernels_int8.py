@@ -3,11 +3,10 @@ the same shape in the same run. Weight copies rotate so that every call reads HB
 Bytes: int8 weights + row scales + activations + outputs (bf16 logits).
 
 `python -m bench.kernels_int8 --sweep` times alternatives to kernels/int8_linear.py's M_BUCKETS."""
-import argparse
 
 import torch
 
-from bench.harness import gpu_name, measure_bandwidth, row, time_us
+from bench.harness import row, suite_main, time_us
 from bench.kernels_int4 import rotation
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import Config, int8_linear, pick_config
@@ -92,12 +91,4 @@ def sweep(peak_Bps: float) -> list:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sweep", action="store_true")
-    args = ap.parse_args()
-    peak = measure_bandwidth()["copy_Bps"]
-    print(f"{gpu_name()}: peak copy {peak / 1e9:.0f} GB/s")
-    rows = sweep(peak) if args.sweep else run(peak)
-    if not args.sweep:
-        for r in rows:
-            print(r)
+    suite_main(run, sweep, __doc__)

@@ -13,7 +13,6 @@ Design, and why:
   activations are converted to fp16 (exact for the normed hidden states an lm_head sees; |x| must stay < 65504).
 * No split-K: N is large (1940 column tiles of 128 for the full vocabulary).
 """
-import functools
 import os
 from dataclasses import dataclass
 
@@ -21,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int4_linear import num_sms
 from layers.quant import Int8Weight
 
 

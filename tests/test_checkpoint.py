@@ -70,7 +70,7 @@ def test_sharded_checkpoint_loads_same_weights(ckpt, tmp_path):
 
 
 def test_missing_tensor(ckpt):
-    path = edit_tensors(ckpt, lambda t: t.pop("model.language_model.layers.2.linear_attn.in_proj_z.weight"))
+    edit_tensors(ckpt, lambda t: t.pop("model.language_model.layers.2.linear_attn.in_proj_z.weight"))
     with pytest.raises(CheckpointError, match=r"missing tensor\(s\) layers\.2\.linear_attn\.in_proj_z\.weight"):
         load_model(ckpt)
 

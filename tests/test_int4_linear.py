@@ -5,7 +5,7 @@ import torch
 
 from kernels.int4_linear import Config, int4_linear, pick_config, w4a8_linear
 from kernels.splitk import workspace
-from layers.quant import (Int4Weight, dequantize_int4, int4_from_gptq, pack_int4, quantize_act_int8, quantize_int4,
+from layers.quant import (dequantize_int4, int4_from_gptq, pack_int4, quantize_act_int8, quantize_int4,
                           unpack_int4)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
