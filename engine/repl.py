@@ -2,7 +2,7 @@
 one-shot CLI. Input and output streams are parameters so tests can drive a session with a script."""
 import sys
 
-from engine.batch import TextStream
+from engine.text_stream import TextStream
 
 HELP = "/reset or /clear forgets the conversation, /exit quits; Ctrl-C stops an answer, Ctrl-D quits"
 

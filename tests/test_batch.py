@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from engine.batch import (BatchFileError, RequestDefaults, TextStream, run_batch)
+from engine.batch import BatchFileError, RequestDefaults, run_batch
+from engine.text_stream import TextStream
 from engine.engine import Engine
 from engine.generate import GenerationResult, GenerationStats
 from engine.sampling import SamplingParams
