@@ -32,23 +32,51 @@ class SamplingParams:
         return self
 
 
+def scaled_logits(logits, temperature):
+    """logits [R, V], temperature [R] -> logits / T in fp32 (greedy rows, T <= 0, unscaled)."""
+    t = temperature.float().to(logits.device)
+    return logits.float() / torch.where(t > 0, t, torch.ones_like(t))[:, None]
+
+
+def support(logits, temperature, top_k, top_p):
+    """Boolean mask [R, V] of the tokens each row may sample; per-row parameters [R] (the kernels' semantics).
+
+    top-k (0 < k < V): keep x >= v_k, the k-th largest value counted with multiplicity (ties with it stay).
+    top-p (p < 1), on the distribution renormalised after top-k: sort descending, take the first position whose
+    inclusive cumulative probability reaches p, keep every x >= its value. A tie group is kept or dropped whole,
+    so the support does not depend on how a sort orders ties; the top group always stays. Greedy rows: the first
+    argmax only."""
+    x = scaled_logits(logits, temperature)
+    V = x.shape[-1]
+    s = x.sort(-1, descending=True).values
+    k = top_k.long().to(x.device)
+    kth = s.gather(1, (k.clamp(1, V) - 1)[:, None])[:, 0]
+    v_k = torch.where((k > 0) & (k < V), kth, torch.full_like(kth, float("-inf")))
+    mass = torch.exp(s - s[:, :1]) * (s >= v_k[:, None])
+    cum = (mass / mass.sum(-1, keepdim=True)).cumsum(-1)
+    p = top_p.float().to(x.device)
+    first = (cum < p[:, None]).sum(-1).clamp(max=V - 1)
+    v_p = torch.where(p < 1, s.gather(1, first[:, None])[:, 0], torch.full_like(kth, float("-inf")))
+    keep = x >= torch.maximum(v_k, v_p)[:, None]
+    onehot = torch.zeros_like(keep).scatter(1, x.argmax(-1, keepdim=True), True)
+    return torch.where((temperature.to(x.device) <= 0)[:, None], onehot, keep)
+
+
+def row_probabilities(logits, temperature, top_k, top_p):
+    """The processed distribution [R, V] fp32: softmax of logits / T over the support (one-hot when greedy)."""
+    x = scaled_logits(logits, temperature)
+    return x.masked_fill(~support(logits, temperature, top_k, top_p), float("-inf")).softmax(-1)
+
+
 def probabilities(logits, params: SamplingParams):
-    """logits [..., V] -> the sampling distribution [..., V] in fp32 (temperature > 0)."""
-    logits = logits.float() / params.temperature
-    if 0 < params.top_k < logits.shape[-1]:
-        kth = logits.topk(params.top_k, -1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))           # ties with the k-th value stay
-    probs = logits.softmax(-1)
-    if params.top_p < 1:
-        sorted_probs, order = probs.sort(-1, descending=True)
-        above = sorted_probs.cumsum(-1) - sorted_probs                     # mass ranked strictly above each token
-        drop = torch.zeros_like(above, dtype=torch.bool).scatter(-1, order, above >= params.top_p)  # rank 0 stays
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    """logits [..., V] -> the sampling distribution [..., V] in fp32, one set of parameters for every row."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    full = lambda value: torch.full((rows.shape[0],), value, device=logits.device)  # noqa: E731
+    probs = row_probabilities(rows, full(float(params.temperature)), full(params.top_k), full(float(params.top_p)))
+    return probs.view(logits.shape)
 
 
-def sample(probs, generator):
+def sample(probs, generator=None):
     """One token per row of probs [..., V] (exponential race: argmax p / E, E ~ Exp(1); no host sync)."""
     u = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=torch.float32)
     return (probs / -torch.log1p(-u)).argmax(-1)
@@ -75,20 +103,22 @@ def accept_drafts(target_logits, drafts, draft_probs, params: SamplingParams, ge
     draft_probs [B, k, V]: the distribution each draft was sampled from (unused when greedy).
     Returns (accepted [B] in 0…k, next_token [B]): the first `accepted` drafts are kept, then next_token
     (the correction at the first rejection, or the bonus)."""
-    B, k1, _ = target_logits.shape
-    k = k1 - 1
     if params.greedy:
         best = target_logits.argmax(-1)                                   # [B, k+1]
-        ok = drafts == best[:, :k]
-        accepted = ok.int().cumprod(-1).sum(-1)
+        accepted = (drafts == best[:, :-1]).int().cumprod(-1).sum(-1)
         return accepted, best.gather(1, accepted[:, None])[:, 0]
-    p = probabilities(target_logits, params)                              # [B, k+1, V]
+    return accept_sampled(probabilities(target_logits, params), draft_probs, drafts, generator)
+
+
+def accept_sampled(p, q, drafts, generator):
+    """ENGINE.md §2 on explicit distributions: p [B, k+1, V] target, q [B, k, V] draft, drafts [B, k].
+    Accept draft i with probability min(1, p/q); at the first rejection resample from residual(p, q); after k
+    acceptances draw the bonus from p's last row. Returns (accepted [B], next_token [B])."""
+    B, k = drafts.shape
     p_d = p[:, :k].gather(-1, drafts[..., None])[..., 0]
-    q_d = draft_probs.gather(-1, drafts[..., None])[..., 0]
+    q_d = q.gather(-1, drafts[..., None])[..., 0]
     u = torch.rand(q_d.shape, generator=generator, device=q_d.device)
-    ok = (q_d > 0) & (u * q_d <= p_d)
-    accepted = ok.int().cumprod(-1).sum(-1)                               # [B]
+    accepted = ((q_d > 0) & (u * q_d <= p_d)).int().cumprod(-1).sum(-1)  # [B]
     rows = torch.arange(B, device=p.device)
-    p_next = p[rows, accepted]                                            # [B, V]
-    q_next = torch.cat([draft_probs, torch.zeros_like(p[:, :1])], 1)[rows, accepted]   # zero at the bonus row
-    return accepted, sample(residual(p_next, q_next), generator)
+    q_next = torch.cat([q, torch.zeros_like(p[:, :1])], 1)[rows, accepted]   # zero at the bonus row
+    return accepted, sample(residual(p[rows, accepted], q_next), generator)

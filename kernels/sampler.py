@@ -1,6 +1,6 @@
 """Sort-free, CUDA-graph-capturable sampling over a 248k vocabulary: temperature, top-k, top-p, and exact
-speculative rejection sampling (ENGINE.md §2, §3, §6). Plain-torch references: kernels/sampler_ref.py, whose
-docstring states the truncation semantics (value thresholds: a tie group is kept or dropped whole).
+speculative rejection sampling (ENGINE.md §2, §3, §6). Plain-torch reference: engine/sampling.py, whose
+`support` docstring states the truncation semantics (value thresholds: a tie group is kept or dropped whole).
 
 Per row, passes of grid (rows, blocks) (stats, `levels` level passes, compact) then one program per row
 (resolve); no sort of the vocabulary and no host sync:

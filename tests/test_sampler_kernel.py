@@ -1,4 +1,4 @@
-"""kernels/sampler.py against kernels/sampler_ref.py: exact supports (ties included) on every resolution path,
+"""kernels/sampler.py against the plain-torch reference in engine/sampling.py: exact supports (ties included) on every resolution path,
 greedy == first argmax, descriptors == reference probabilities, χ² tests of the sampled and of the speculatively
 emitted token distributions, device-side RNG offset, reduced draft vocabulary. CPU runs use the interpreter with
 small shapes; the @gpu tests use the 248,320 vocabulary and many more rows."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels import sampler as S
-from kernels import sampler_ref as ref
+from engine import sampling as ref
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = S.SamplerConfig(block=64, pivots=8, group=4, cap=32, levels=3)
@@ -71,7 +71,7 @@ def check_rows(logits, params, cfg):
     assert want.gather(1, ids.long()[:, None]).all(), "sampled outside the support"
     # the descriptor reproduces the processed distribution
     p = torch.where(got, torch.exp(x - desc[:, 1:2]) / desc[:, 3:4], torch.zeros_like(x))
-    p_ref = ref.probabilities(logits, params.temperature, params.top_k, params.top_p)
+    p_ref = ref.row_probabilities(logits, params.temperature, params.top_k, params.top_p)
     sampled = ~greedy
     err = (p - p_ref)[sampled].abs().max() / p_ref[sampled].abs().max()
     assert err < 1e-5, err
@@ -129,7 +129,7 @@ def test_race_distribution_chi2():
         params = S.SamplingTensors.of([t] * R, [k] * R, [p] * R, DEV)
         ws = S.SamplerWorkspace(R, V, DEV, S.SamplerConfig(block=8, pivots=4, group=4, cap=8, levels=1))
         ids, _ = S.sample(base.repeat(R, 1), params, *rng(11), ws)
-        probs = ref.probabilities(base, params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+        probs = ref.row_probabilities(base, params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
         chi2_ok(torch.bincount(ids.long(), minlength=V), probs)
 
 
@@ -192,9 +192,11 @@ def test_rejection_greedy_matches_reference():
     params = S.SamplingTensors.of([0.0] * B, [0] * B, [1.0] * B, DEV)
     drafts, out, n = speculate(target.to(DEV), draft.to(DEV), params, SMALL)
     assert torch.equal(drafts.cpu(), draft.argmax(-1).int())
-    onehot = lambda lg: torch.nn.functional.one_hot(lg.argmax(-1), V).float()
-    out_ref, n_ref = ref.rejection_sample(onehot(target), onehot(draft), drafts.cpu().long(), torch.ones(B, dtype=bool))
-    assert torch.equal(out.cpu(), out_ref) and torch.equal(n.cpu(), n_ref)
+    accepted, nxt = ref.accept_drafts(target, drafts.cpu().long(), None, ref.SamplingParams(0), None)
+    j = torch.arange(K + 1)[None]
+    out_ref = torch.where(j < accepted[:, None], torch.cat([drafts.cpu(), drafts.cpu()[:, :1]], 1),
+                          torch.where(j == accepted[:, None], nxt[:, None].int(), -1))
+    assert torch.equal(out.cpu(), out_ref.int()) and torch.equal(n.cpu(), (accepted + 1).int())
     assert 1 < n.float().mean() < K + 1
 
 
@@ -205,7 +207,7 @@ def emitted_match_target(target, out, n, params, tol_rows=10):
         rows = n > j
         if rows.sum() < tol_rows:
             continue
-        probs = ref.probabilities(target[0, j:j + 1], params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+        probs = ref.row_probabilities(target[0, j:j + 1], params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
         chi2_ok(torch.bincount(out[rows, j].long(), minlength=target.shape[-1]), probs)
 
 
@@ -251,7 +253,7 @@ def test_gpu_chi2_many_rows():
     for t, k, p in [(1.0, 0, 1.0), (0.7, 20, 0.9), (1.0, 0, 0.8)]:
         params = S.SamplingTensors.of([t] * R, [k] * R, [p] * R, DEV)
         ids, _ = S.sample(base.repeat(R, 1), params, *rng(3))
-        probs = ref.probabilities(base, params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+        probs = ref.row_probabilities(base, params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
         chi2_ok(torch.bincount(ids.long(), minlength=V), probs)
 
 
@@ -264,8 +266,8 @@ def test_gpu_rejection_chi2_many_sequences():
     drafts, out, n = speculate(target, draft, params, S.SamplerConfig(), seed=5)
     emitted_match_target(target.cpu(), out.cpu(), n.cpu(), params, tol_rows=1000)
     # acceptance rate of the first draft = Σ min(p, q)
-    p = ref.probabilities(target[0, :1], params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
-    q = ref.probabilities(draft[0, :1], params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+    p = ref.row_probabilities(target[0, :1], params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+    q = ref.row_probabilities(draft[0, :1], params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
     rate, want = (n > 1).float().mean().item(), torch.minimum(p, q).sum().item()
     assert abs(rate - want) < 4 * math.sqrt(want * (1 - want) / B) + 1e-3, (rate, want)
 
