@@ -198,7 +198,7 @@ def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, 
     B, L, HK, DK = q.shape
     HV, DV = o.shape[2], o.shape[3]
     w, u, _ = workspace
-    bv = block_v or min(32, DV)
+    bv = block_v or min(64, DV)        # the H200 sweep's best with 4 + 4 warps (kernels-gdn-sweep-h200.md); fits sm_86
     assert DV % bv == 0
     _chunk_state_kernel[(B * HV, DV // bv)](
         q, k, a, b, A_log, dt_bias, w, u, state, initial_slots, final_slots, o, L, w.shape[2],
@@ -208,7 +208,7 @@ def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, 
 
 
 def gdn_prefill(q, k, v, a, b, A_log, dt_bias, state, initial_slots, final_slots, out=None, workspace=None,
-                chunk=64, block_v=None, num_warps=(8, 4)):
+                chunk=64, block_v=None, num_warps=(4, 4)):
     """Gated DeltaNet over L prompt tokens per sequence from slot `initial_slots`, final state into
     `final_slots` (module docstring). Returns o [B, L, Hv, dv]. num_warps = (prepare kernel, state kernel)."""
     B, L, HK, DK = q.shape

@@ -152,13 +152,14 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and a.stride(-1) == b.stride(-1) == 1
     assert state_slots.stride(-1) == 1 and HV % HK == 0
     o = torch.empty(B, T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
-    # V-tiles of 32 columns: 64-byte fp16 row segments and 4 (dv = 128) programs per head for parallelism at B = 1
-    bv = block_v or min(32, DV)
+    # V-tiles of 16 columns with one warp: 8 programs per head (dv = 128) for parallelism at B = 1; fastest on the
+    # H200 sweep at B = 1 and 8 (bench/results/kernels-gdn-sweep-h200.md: 10.0 µs vs 13.1 for 32 columns, 4 warps)
+    bv = block_v or min(16, DV)
     assert DV % bv == 0
     _gdn_verify_kernel[(B, HV, triton.cdiv(DV, bv))](
         q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0),
-        DK ** -0.5, T=T, HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv, num_warps=num_warps or 4)
+        DK ** -0.5, T=T, HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv, num_warps=num_warps or 1)
     return o
