@@ -42,6 +42,16 @@ class RMSNorm(nn.Module):
         return rms_norm_1p(x, self.weight, self.eps)
 
 
+class GatedRMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x, z):
+        return gated_rms_norm(x, z, self.weight, self.eps)
+
+
 # ---------------------------------------------------------------------------------------------------- rope
 def rope_tables(positions, rotary_dim, theta, dtype):
     """cos, sin [T, rotary_dim] for 1-D positions [T]; pairs are (j, j + rotary_dim/2). fp32 maths, cast last."""
@@ -180,8 +190,7 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = nn.Conv1d(C, C, cfg.linear_conv_kernel_dim, groups=C, bias=False)
         self.A_log = nn.Parameter(torch.zeros(Hv))
         self.dt_bias = nn.Parameter(torch.zeros(Hv))
-        self.norm = nn.Module()
-        self.norm.weight = nn.Parameter(torch.ones(cfg.linear_value_head_dim))
+        self.norm = GatedRMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(cfg.linear_value_dim, H, bias=False)
         self.cfg = cfg
 
@@ -212,7 +221,7 @@ class GatedDeltaNet(nn.Module):
                 cache.conv = window[:, :, T:].clone()
                 cache.state = final
         z = self.in_proj_z(x).view(B, T, Hv, dv)
-        o = gated_rms_norm(o.to(x.dtype), z, self.norm.weight, cfg.rms_norm_eps)
+        o = self.norm(o.to(x.dtype), z)
         return self.out_proj(o.reshape(B, T, Hv * dv))
 
 
