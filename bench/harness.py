@@ -80,6 +80,23 @@ def write_results(name: str, rows: list, meta: dict) -> str:
     return md
 
 
+def best_of(configs, time_one, make_row, show: int = 4) -> list:
+    """Sweep helper: time each config (one that fails to build, e.g. out of shared memory, is reported and
+    skipped), print the fastest `show`, return every row. make_row(config, us) -> row."""
+    found = []
+    for config in configs:
+        try:
+            us = time_one(config)
+        except Exception as e:
+            print(f"{config}: {type(e).__name__} {str(e)[:60]}", flush=True)
+            continue
+        found.append(make_row(config, us))
+    for r in sorted(found, key=lambda r: r["us"])[:show]:
+        print(f"{r['kernel']:12s} {r['shape']:32s} {r.get('config', ''):28s} {r['us']:9.2f} us  {r['frac_peak']:.3f}",
+              flush=True)
+    return found
+
+
 def suite_main(run, sweep, doc: str):
     """`python -m bench.kernels_<name> [--sweep]`: one suite on its own; the sweep prints its own ranking."""
     import argparse

@@ -11,7 +11,7 @@ import itertools
 
 import torch
 
-from bench.harness import row, suite_main, time_us
+from bench.harness import best_of, row, suite_main, time_us
 from kernels.int4_linear import Config, int4_linear, pick_config, w4a8_linear
 from layers.quant import Int4Weight
 
@@ -120,22 +120,11 @@ def sweep(peak_Bps: float) -> list:
              ([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, A8_VARIANTS, True)]
     for shapes, ms, variants, a8 in cases:
         for (name, n, k), m in itertools.product(shapes, ms):
-            found = []
-            for v in variants:
-                cfg = pick_config(m, n, k, torch.device("cuda"), **v)
-                try:
-                    us = time_ours(m, n, k, a8=a8, cfg=cfg)
-                except Exception as e:                                 # e.g. out of shared memory: skip
-                    print(f"{name} M={m} {_cfg_str(cfg)}: {type(e).__name__} {str(e)[:60]}", flush=True)
-                    continue
-                found.append(row("w4a8_linear" if a8 else "int4_linear", f"{name} {n}x{k} M={m}", us,
-                                 int4_bytes(m, n, k, 1 if a8 else 2), 2 * m * n * k, peak_Bps,
-                                 config=_cfg_str(cfg) + f" c{v['ctas_per_sm']}"))
-            found.sort(key=lambda r: r["us"])
-            for r in found[:6]:
-                print(f"{r['kernel']:12s} {r['shape']:32s} {r['config']:28s} {r['us']:9.2f} us  {r['frac_peak']:.3f}",
-                      flush=True)
-            rows += found
+            configs = [(pick_config(m, n, k, torch.device("cuda"), **v), v["ctas_per_sm"]) for v in variants]
+            rows += best_of(configs, lambda c: time_ours(m, n, k, a8=a8, cfg=c[0]),
+                            lambda c, us: row("w4a8_linear" if a8 else "int4_linear", f"{name} {n}x{k} M={m}", us,
+                                              int4_bytes(m, n, k, 1 if a8 else 2), 2 * m * n * k, peak_Bps,
+                                              config=_cfg_str(c[0]) + f" c{c[1]}"), show=6)
     return rows
 
 

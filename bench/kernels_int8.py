@@ -6,7 +6,7 @@ Bytes: int8 weights + row scales + activations + outputs (bf16 logits).
 
 import torch
 
-from bench.harness import row, suite_main, time_us
+from bench.harness import best_of, row, suite_main, time_us
 from bench.kernels_int4 import rotation
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import Config, int8_linear, pick_config
@@ -74,19 +74,9 @@ GEMM_SWEEP = [Config(bm, bn, bk, w, 3, wa) for bm, bn, bk, w, wa in ((64, 128, 1
 def sweep(peak_Bps: float) -> list:
     rows = []
     for m, configs in ((1, GEMV_SWEEP), (5, GEMV_SWEEP), (64, GEMM_SWEEP), (320, GEMM_SWEEP)):
-        found = []
-        for c in configs:
-            try:
-                us = time_ours(m, c)
-            except Exception as e:                                     # e.g. out of shared memory: skip
-                print(f"M={m} {_cfg_str(c)}: {type(e).__name__} {str(e)[:60]}", flush=True)
-                continue
-            found.append(row("int8_linear", f"lm_head M={m}", us, lm_head_bytes(m), 2 * m * VOCAB * HIDDEN,
-                             peak_Bps, config=_cfg_str(c)))
-        for r in sorted(found, key=lambda r: r["us"])[:4]:
-            print(f"{r['kernel']:12s} {r['shape']:16s} {r['config']:24s} {r['us']:9.2f} us  {r['frac_peak']:.3f}",
-                  flush=True)
-        rows += found
+        rows += best_of(configs, lambda c: time_ours(m, c),
+                        lambda c, us: row("int8_linear", f"lm_head M={m}", us, lm_head_bytes(m),
+                                          2 * m * VOCAB * HIDDEN, peak_Bps, config=_cfg_str(c)))
     return rows
 
 
