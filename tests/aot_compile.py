@@ -1,0 +1,169 @@
+"""Compile every Triton kernel, as its wrapper launches it at the Qwen3.8-27B shapes, for sm_86 (RTX 3090) and
+sm_90 (H100/H200) on a machine without a GPU: `python -m tests.aot_compile`.
+
+The interpreter runs the kernels' logic on the CPU but never compiles them, so it misses what only the compiler
+sees: type errors in code paths it takes differently, and launches that need more shared memory than the card has
+(sm_86: 99 KiB per block). Wrappers are called with meta tensors; their kernel launches are recorded instead of run,
+then compiled for each target. Must run without TRITON_INTERPRET (tests/test_kernels_compile.py starts it so)."""
+import contextlib
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+import kernels.attention_prefill as attention_prefill
+import kernels.attention_verify as attention_verify
+import kernels.int4_linear as int4_linear
+from kernels.conv1d import causal_conv1d
+from kernels.gdn_chunked import gdn_prefill
+from kernels.gdn_recurrent import gdn_verify
+from kernels.int8_embedding import int8_embedding
+from kernels.int8_linear import int8_linear
+from kernels.kv_write import write_kv
+from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
+from kernels.sampler import SamplingTensors, rejection_sample, sample
+from layers.quant import Int4Weight, Int8Weight
+
+TARGETS = {86: dict(sms=82, smem=99 * 1024), 90: dict(sms=132, smem=227 * 1024)}
+POINTER = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
+           torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8", torch.bool: "*i1"}
+OPTIONS = ("num_warps", "num_stages")
+H, V, I = 5120, 248320, 17408                      # hidden, vocabulary, MLP width
+HQ, HKV, D = 24, 4, 256                            # gated attention
+HK, HV, DK = 16, 48, 128                           # GDN
+B, T = 4, 5                                        # a batch bucket of 4 sequences verifying k = 4 drafts
+
+
+def empty(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def launches():
+    """Call every wrapper once per configuration the engine uses; yields a label per call."""
+    rows_m = (1, B * T, 320)                        # decode, a verify bucket, 64 sequences × 5 tokens
+    for n, k in ((16384, H), (H, 6144), (14336, H), (34816, H), (H, I)):
+        w = Int4Weight(empty(k // 8, n, dtype=torch.int32), empty(k // 128, n, dtype=torch.float16))
+        for m in rows_m:
+            int4_linear.int4_linear(empty(m, k), w)
+        int4_linear.w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
+        yield f"int4 {n}x{k}"
+    head = Int8Weight(empty(V, H, dtype=torch.int8), empty(V, dtype=torch.float16))
+    for m in rows_m:
+        int8_linear(empty(m, H), head, out=empty(m, V, dtype=torch.float32))
+    int8_embedding(empty(B * T, dtype=torch.int64), head)
+    yield "int8 lm_head + embedding"
+    rows, lens = empty(B, dtype=torch.int32), empty(B, dtype=torch.int32)
+    scale = empty(HKV, dtype=torch.float32)
+    for cache_dtype in (torch.uint8, torch.bfloat16):
+        kc, vc = empty(B, HKV, 4096, D, dtype=cache_dtype), empty(B, HKV, 4096, D, dtype=cache_dtype)
+        fmts = (attention_verify.KV_BF16,) if cache_dtype == torch.bfloat16 else \
+            (attention_verify.KV_FP8_BITS, attention_verify.KV_FP8_NATIVE)
+        for fmt in fmts:
+            q = empty(B, T, HQ, D)
+            attention_verify.verify_attention(q, kc, vc, scale, scale, rows, lens, empty(B, T, HQ, D),
+                                              attention_verify.alloc_partials(B, HQ, 8, 16, D, "meta"), 16, kv_fmt=fmt)
+            attention_prefill.prefill_attention(empty(1, 512, HQ, D), kc, vc, scale, scale, rows[:1], lens[:1],
+                                                empty(1, 512, HQ, D), kv_fmt=fmt)
+        write_kv(empty(B, T, HKV, D), empty(B, T, HKV, D), kc, vc, scale, scale, rows, lens)
+    yield "attention verify + prefill + kv write"
+    conv_dim = 2 * HK * DK + HV * DK
+    for state_dtype in (torch.float16, torch.float32):
+        qk = empty(B, T, HK, DK)
+        gdn_verify(qk, qk, empty(B, T, HV, DK), empty(B, T, HV), empty(B, T, HV), empty(HV, dtype=torch.float32),
+                   empty(HV, dtype=torch.float32), empty(B * T, HV, DK, DK, dtype=state_dtype),
+                   empty(B, T, dtype=torch.int32), rows)
+    qk = empty(1, 256, HK, DK)
+    gdn_prefill(qk, qk, empty(1, 256, HV, DK), empty(1, 256, HV), empty(1, 256, HV), empty(HV, dtype=torch.float32),
+                empty(HV, dtype=torch.float32), empty(2, HV, DK, DK, dtype=torch.float32), rows[:1], rows[:1])
+    weight = empty(conv_dim, 4)
+    causal_conv1d(empty(B, T, conv_dim), weight, empty(B, conv_dim, 3 + 4), rows, num_accepted=lens)
+    causal_conv1d(empty(1, 256, conv_dim), weight, empty(1, conv_dim, 3 + 4), rows[:1])
+    yield "gdn verify + prefill + conv1d"
+    for quant in (False, True):
+        add_rmsnorm(empty(B * T, H), empty(B * T, H), empty(H), 1e-6, quant=quant)
+        gated_rmsnorm(empty(B * T, HV, DK), empty(B * T, HV, DK), empty(DK, dtype=torch.float32), 1e-6, quant=quant)
+        silu_mul(empty(B * T, I), empty(B * T, I), quant=quant)
+    qk_norm_rope(empty(B * T, HQ * 2 * D), empty(B * T, HKV * D), empty(D), empty(D), empty(B * T, 64),
+                 empty(B * T, 64), HQ, HKV, 1e-6)
+    yield "fused norms"
+    params = SamplingTensors(empty(B, dtype=torch.float32), empty(B, dtype=torch.int32), empty(B, dtype=torch.float32))
+    seed, offset = empty(1, dtype=torch.int64), empty(1, dtype=torch.int64)
+    sample(empty(B, V), params, seed, offset)
+    rejection_sample(empty(B, T, V), empty(B, T - 1, V), empty(B, T - 1, dtype=torch.int32), params, seed, offset)
+    yield "sampler + rejection"
+
+
+def signature(fn, args, kwargs):
+    bound = dict(zip(fn.arg_names, args), **{k: v for k, v in kwargs.items() if k not in OPTIONS})
+    sig, constants = {}, {}
+    for p in fn.params:
+        value = bound[p.name]
+        if p.is_constexpr:
+            sig[p.name], constants[p.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            sig[p.name] = POINTER[value.dtype]
+        elif isinstance(value, bool):
+            sig[p.name] = "i1"
+        elif isinstance(value, int):
+            sig[p.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        elif isinstance(value, float):
+            sig[p.name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}: argument {p.name} of type {type(value).__name__}")
+    return sig, constants
+
+
+@contextlib.contextmanager
+def recording(arch):
+    """Kernel launches are recorded, not run; the wrappers see a GPU of this architecture."""
+    recorded, run = [], JITFunction.run
+    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: recorded.append((self, args, kwargs))
+    saved = (int4_linear.num_sms, int4_linear.has_wgmma, attention_verify.gpu_capability,
+             attention_prefill.gpu_capability)
+    int4_linear.num_sms = lambda device: TARGETS[arch]["sms"]
+    int4_linear.has_wgmma = lambda device: arch >= 90
+    attention_verify.gpu_capability = attention_prefill.gpu_capability = lambda t: divmod(arch, 10)
+    try:
+        yield recorded
+    finally:
+        JITFunction.run = run
+        (int4_linear.num_sms, int4_linear.has_wgmma, attention_verify.gpu_capability,
+         attention_prefill.gpu_capability) = saved
+
+
+def main():
+    failures, seen = [], set()
+    for arch, target in TARGETS.items():
+        with recording(arch) as recorded:
+            for label in launches():
+                for fn, args, kwargs in recorded:
+                    sig, constants = signature(fn, args, kwargs)
+                    options = {k: v for k, v in kwargs.items() if k in OPTIONS}
+                    key = (arch, fn.__name__, tuple(sorted(sig.items())), tuple(sorted(map(str, constants.items()))),
+                           tuple(sorted(options.items())))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    if arch < 89 and constants.get("KV_FMT") == attention_verify.KV_FP8_NATIVE:
+                        continue                                   # the native fp8 path is for sm_89+ only
+                    try:
+                        compiled = triton.compile(ASTSource(fn, sig, constexprs=constants),
+                                                  target=GPUTarget("cuda", arch, 32), options=options)
+                        shared = compiled.metadata.shared
+                        status = "ok" if shared <= target["smem"] else f"needs {shared} B shared memory"
+                    except Exception as e:
+                        status = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                        shared = -1
+                    print(f"sm_{arch}  {label:38s} {fn.__name__:28s} shared {shared:>7}  {status}", flush=True)
+                    if status != "ok":
+                        failures.append((arch, fn.__name__, status))
+                recorded.clear()
+    print(f"{len(seen)} launches compiled, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
