@@ -97,13 +97,16 @@ def launches():
 
 
 def signature(fn, args, kwargs):
+    """(signature, constexprs, attrs) as the JIT would specialise this launch: pointers (16-byte aligned, as torch
+    allocates) and integers divisible by 16 carry tt.divisibility 16, which vectorised and asynchronous copies need."""
     bound = dict(zip(fn.arg_names, args), **{k: v for k, v in kwargs.items() if k not in OPTIONS})
-    sig, constants = {}, {}
-    for p in fn.params:
+    sig, constants, attrs = {}, {}, {}
+    for i, p in enumerate(fn.params):
         value = bound[p.name]
         if p.is_constexpr:
             sig[p.name], constants[p.name] = "constexpr", value
-        elif isinstance(value, torch.Tensor):
+            continue
+        if isinstance(value, torch.Tensor):
             sig[p.name] = POINTER[value.dtype]
         elif isinstance(value, bool):
             sig[p.name] = "i1"
@@ -113,7 +116,10 @@ def signature(fn, args, kwargs):
             sig[p.name] = "fp32"
         else:
             raise TypeError(f"{fn.__name__}: argument {p.name} of type {type(value).__name__}")
-    return sig, constants
+        aligned = isinstance(value, torch.Tensor) or (type(value) is int and value % 16 == 0)
+        if aligned and not (p.do_not_specialize or p.do_not_specialize_on_alignment):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, constants, attrs
 
 
 @contextlib.contextmanager
@@ -140,7 +146,7 @@ def main():
         with recording(arch) as recorded:
             for label in launches():
                 for fn, args, kwargs in recorded:
-                    sig, constants = signature(fn, args, kwargs)
+                    sig, constants, attrs = signature(fn, args, kwargs)
                     options = {k: v for k, v in kwargs.items() if k in OPTIONS}
                     key = (arch, fn.__name__, tuple(sorted(sig.items())), tuple(sorted(map(str, constants.items()))),
                            tuple(sorted(options.items())))
@@ -150,7 +156,7 @@ def main():
                     if arch < 89 and constants.get("KV_FMT") == attention_verify.KV_FP8_NATIVE:
                         continue                                   # the native fp8 path is for sm_89+ only
                     try:
-                        compiled = triton.compile(ASTSource(fn, sig, constexprs=constants),
+                        compiled = triton.compile(ASTSource(fn, sig, constexprs=constants, attrs=attrs),
                                                   target=GPUTarget("cuda", arch, 32), options=options)
                         shared = compiled.metadata.shared
                         status = "ok" if shared <= target["smem"] else f"needs {shared} B shared memory"
