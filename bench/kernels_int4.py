@@ -96,8 +96,7 @@ def run(peak_Bps: float) -> list:
 
 
 def _cfg_str(c: Config) -> str:
-    return (f"{c.block_m}x{c.block_n} s{c.split_k} w{c.num_warps} st{c.num_stages}" + (" A" if c.weights_a else "")
-            + (" xa" if c.x_ahead else ""))
+    return f"{c.block_m}x{c.block_n} s{c.split_k} w{c.num_warps} st{c.num_stages}" + (" A" if c.weights_a else "")
 
 
 # Alternatives to M_BUCKETS for --sweep: entries override the bucket's dict in pick_config.
@@ -105,9 +104,7 @@ GEMV_VARIANTS = ([dict(block_n=bn, num_warps=w, num_stages=st, weights_a=False, 
                   for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 4, 4), (128, 8, 3), (256, 8, 3))
                   for c in (2, 3, 4, 6, 8)]
                  + [dict(block_n=bn, num_warps=w, num_stages=3, weights_a=True, ctas_per_sm=c)
-                    for bn, w in ((128, 4), (256, 8)) for c in (2, 4)]
-                 + [dict(block_n=bn, num_warps=w, num_stages=st, weights_a=False, ctas_per_sm=c, x_ahead=True)
-                    for bn, w, st in ((128, 4, 3), (128, 4, 4), (256, 8, 3)) for c in (2, 3, 4)])
+                    for bn, w in ((128, 4), (256, 8)) for c in (2, 4)])
 GEMM_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, weights_a=wa, ctas_per_sm=1)
                  for bm, bn, w, st, wa in ((64, 128, 4, 3, True), (64, 256, 8, 3, True), (128, 128, 8, 3, True),
                                            (128, 128, 8, 4, True), (128, 256, 8, 3, True), (128, 128, 8, 3, False))]

@@ -180,8 +180,7 @@ def _int4_matmul_kernel(
         x_ptr, xs_ptr, qw_ptr, s_ptr, zs_ptr, out_ptr, ws_ptr, cnt_ptr,
         M, N, K, stride_xm, stride_om,
         A8: tl.constexpr, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, X_AHEAD: tl.constexpr,
-        DOT_F32: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr):
     # x [M, K] (bf16/fp16, or int8 with xs [M] fp32 when A8), qw int32 [K/8, N], s/zs [K/128, N], out [M, N]
     # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split-K count): M-tiles vary fastest, so CTAs sharing weights run
     # together. The split count is a grid dimension, not a constexpr: one compiled kernel serves every count.
@@ -205,24 +204,14 @@ def _int4_matmul_kernel(
     # The scales feed no dot, so Triton's pipeliner leaves their loads in place, and one waited for in every
     # group costs a full memory latency per group: they are loaded a group ahead by hand instead (one ahead at
     # most: the pipeliner gives up on loops carrying values further).
-    # The activations reach the dot through reshapes and splits, which keeps the pipeliner from staging them in
-    # shared memory (the compiled loop shows a plain load waited for each group, an L2 round trip): X_AHEAD loads
-    # them a group ahead by hand too. Weights are streamed once: evict first; activations are re-read by every
-    # column tile: keep them.
     s_next, zs_next = _load_scales(s_ptr, zs_ptr, g_lo, N, rn, n_ok, HAS_ZS)
-    if X_AHEAD:
-        x_next = tl.load(x_tile + g_lo * 128, mask=m_ok[:, None], other=0, eviction_policy="evict_last")
     for g in range(g_lo, g_hi):
         s = s_next.to(tl.float32)
         zs = zs_next.to(tl.float32)
         s_next, zs_next = _load_scales(s_ptr, zs_ptr, g + 1, N, rn, n_ok & (g + 1 < g_hi), HAS_ZS)
+        # weights are streamed once: evict first; the activations are re-read by every column tile: keep them
         q = tl.load(w_tile + g * 16 * N, mask=n_ok[None, :], other=0, eviction_policy="evict_first")
-        if X_AHEAD:
-            x = x_next
-            x_next = tl.load(x_tile + (g + 1) * 128, mask=m_ok[:, None] & (g + 1 < g_hi), other=0,
-                             eviction_policy="evict_last")
-        else:
-            x = tl.load(x_tile + g * 128, mask=m_ok[:, None], other=0, eviction_policy="evict_last")
+        x = tl.load(x_tile + g * 128, mask=m_ok[:, None], other=0, eviction_policy="evict_last")
         if A8:
             acc = _group_dot_i8(x, q, acc, s, zs, HAS_ZS, WEIGHTS_A, BLOCK_M, BLOCK_N, DOT_F32)
         else:
@@ -242,7 +231,6 @@ class Config:
     num_warps: int = 4
     num_stages: int = 4
     weights_a: bool = False          # large-M form: weights as the mma's A operand (module docstring)
-    x_ahead: bool = False            # activations loaded a group ahead by hand (see the kernel); unmeasured
 
 
 # Per M bucket (upper bound inclusive): tile sizes, and how many CTAs per SM split-K should aim for. From a first
@@ -280,8 +268,7 @@ def pick_config(m: int, n: int, k: int, device, **override) -> Config:
     groups = k // GROUP
     want = max(1, min(triton.cdiv(p["ctas_per_sm"] * num_sms(device), tiles), groups // MIN_GROUPS_PER_SPLIT))
     split = triton.cdiv(groups, triton.cdiv(groups, want))
-    return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["weights_a"],
-                  p.get("x_ahead", False))
+    return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["weights_a"])
 
 
 def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
@@ -301,7 +288,7 @@ def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
         x2, x_scale if x_scale is not None else x2, w.qweight, w.scales, zs, out2, ws, cnt,
         m, n, k, x2.stride(0), out2.stride(0),
         A8=x_scale is not None, HAS_ZS=w.zs is not None, WEIGHTS_A=cfg.weights_a, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        SPLIT=cfg.split_k > 1, X_AHEAD=cfg.x_ahead, DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
+        SPLIT=cfg.split_k > 1, DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 

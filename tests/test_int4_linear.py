@@ -87,8 +87,6 @@ CASES = [
     (8, 136, 384, False, torch.float16, torch.bfloat16, Config(16, 64, 2)),
     (17, 136, 256, True, torch.float16, torch.float16, Config(16, 64, 2)),
     (5, 40, 256, False, torch.bfloat16, torch.float16, Config(16, 32, 1, weights_a=True)),
-    (3, 136, 640, False, torch.bfloat16, torch.bfloat16, Config(16, 64, 2, x_ahead=True)),
-    (9, 40, 384, True, torch.float16, torch.bfloat16, Config(16, 32, 1, x_ahead=True)),
     (17, 40, 384, True, torch.bfloat16, torch.bfloat16, Config(32, 64, 2, weights_a=True)),
 ]
 
@@ -135,8 +133,7 @@ def test_split_k_leaves_workspace_zero_and_repeats_exactly():
 
 @pytest.mark.parametrize("m,n,k,sym,cfg", [(1, 40, 256, True, Config(16, 64, 2)), (9, 136, 384, False, Config(16, 64, 3)),
                                            (17, 40, 128, True, Config(32, 32, 1, weights_a=True)),
-                                           (5, 136, 256, False, Config(16, 64, 2, weights_a=True)),
-                                           (3, 40, 384, True, Config(16, 32, 2, x_ahead=True))])
+                                           (5, 136, 256, False, Config(16, 64, 2, weights_a=True))])
 def test_w4a8_linear(m, n, k, sym, cfg):
     gen = torch.Generator().manual_seed(7 + m)
     w = random_weight(n, k, sym, torch.float16, gen).to(DEV)
