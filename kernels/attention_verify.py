@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import device
 from kernels.fp8 import E4M3_BITS_UNIT, decode_e4m3_ref, e4m3_decode
 
 KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE = 0, 1, 2
@@ -187,11 +188,6 @@ def default_launch(block_m: int, capability: tuple) -> tuple:
     return (32, 8, 2) if block_m <= 64 else (64, 8, 2)
 
 
-def gpu_capability(t: torch.Tensor) -> tuple:
-    """Compute capability of the tensor's GPU; CPU (Triton interpreter) counts as sm_90."""
-    return torch.cuda.get_device_capability(t.device) if t.is_cuda else (9, 0)
-
-
 def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials=None, nseg=1,
            block_m=None, block_n=None, kv_fmt=None, num_warps=None, num_stages=None):
     """Attention of the q_len new tokens of each row over its cache (which already holds them).
@@ -210,7 +206,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         k_scale = v_scale = cache_rows  # unused pointer arguments
     rows = q_len * G
     block_m = block_m or max(16, triton.next_power_of_2(rows))
-    dflt_n, dflt_warps, dflt_stages = default_launch(block_m, gpu_capability(q))
+    dflt_n, dflt_warps, dflt_stages = default_launch(block_m, device.capability(q))
     block_n, num_warps, num_stages = block_n or dflt_n, num_warps or dflt_warps, num_stages or dflt_stages
     n_tiles = triton.cdiv(rows, block_m)
     split = nseg > 1

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import device
 from kernels.gdn_recurrent import gdn_gates, l2norm
 
 
@@ -198,13 +199,16 @@ def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, 
     B, L, HK, DK = q.shape
     HV, DV = o.shape[2], o.shape[3]
     w, u, _ = workspace
-    bv = block_v or min(64, DV)        # the H200 sweep's best with 4 + 4 warps (kernels-gdn-sweep-h200.md); fits sm_86
+    bv = block_v or min(64, DV)        # the H200 sweep's best with 4 + 4 warps (kernels-gdn-sweep-h200.md)
+    # the pipelined chunk loop needs 188 KB of shared memory at 3 stages (sm_90: 227 KB); sm_8x has 99 KB, where
+    # 2 stages take 98 KB (tests/aot_compile.py)
+    stages = 3 if device.capability(q) >= (9, 0) else 2
     assert DV % bv == 0
     _chunk_state_kernel[(B * HV, DV // bv)](
         q, k, a, b, A_log, dt_bias, w, u, state, initial_slots, final_slots, o, L, w.shape[2],
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), o.stride(0), o.stride(1), o.stride(2), DK ** -0.5,
-        HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv, CH=chunk, num_warps=num_warps)
+        HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv, CH=chunk, num_warps=num_warps, num_stages=stages)
 
 
 def gdn_prefill(q, k, v, a, b, A_log, dt_bias, state, initial_slots, final_slots, out=None, workspace=None,

@@ -16,6 +16,7 @@ from triton.runtime.jit import JITFunction
 
 import kernels.attention_prefill as attention_prefill
 import kernels.attention_verify as attention_verify
+import kernels.device as device
 import kernels.int4_linear as int4_linear
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import gdn_prefill
@@ -127,17 +128,15 @@ def recording(arch):
     """Kernel launches are recorded, not run; the wrappers see a GPU of this architecture."""
     recorded, run = [], JITFunction.run
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: recorded.append((self, args, kwargs))
-    saved = (int4_linear.num_sms, int4_linear.has_wgmma, attention_verify.gpu_capability,
-             attention_prefill.gpu_capability)
-    int4_linear.num_sms = lambda device: TARGETS[arch]["sms"]
-    int4_linear.has_wgmma = lambda device: arch >= 90
-    attention_verify.gpu_capability = attention_prefill.gpu_capability = lambda t: divmod(arch, 10)
+    saved = (int4_linear.num_sms, int4_linear.has_wgmma, device.capability)
+    int4_linear.num_sms = lambda _: TARGETS[arch]["sms"]
+    int4_linear.has_wgmma = lambda _: arch >= 90
+    device.capability = lambda _: divmod(arch, 10)
     try:
         yield recorded
     finally:
         JITFunction.run = run
-        (int4_linear.num_sms, int4_linear.has_wgmma, attention_verify.gpu_capability,
-         attention_prefill.gpu_capability) = saved
+        int4_linear.num_sms, int4_linear.has_wgmma, device.capability = saved
 
 
 def main():
