@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import device
+from kernels import device as gpu
 from kernels.fp8 import E4M3_BITS_UNIT, decode_e4m3_ref, e4m3_decode
 
 KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE = 0, 1, 2
@@ -148,18 +148,13 @@ def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, nseg, Hq,
     tl.store(out_ptr + b * s_ob + t * s_ot + h * s_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 
-@functools.lru_cache(maxsize=None)
-def _native_fp8(device_index: int) -> bool:
-    return not _INTERPRET and torch.cuda.get_device_capability(device_index) >= (8, 9)
-
-
 def kv_format(k_cache: torch.Tensor, native=None) -> int:
     """KV_BF16 for a bf16 cache; for e4m3 codes the native conversion where the GPU has one (or as asked)."""
     if k_cache.dtype == torch.bfloat16:
         return KV_BF16
     assert k_cache.dtype in (torch.uint8, torch.float8_e4m3fn), k_cache.dtype
     if native is None:
-        native = k_cache.is_cuda and _native_fp8(k_cache.device.index or 0)
+        native = not _INTERPRET and k_cache.is_cuda and gpu.capability(k_cache.device) >= (8, 9)
     return KV_FP8_NATIVE if native else KV_FP8_BITS
 
 
@@ -206,7 +201,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         k_scale = v_scale = cache_rows  # unused pointer arguments
     rows = q_len * G
     block_m = block_m or max(16, triton.next_power_of_2(rows))
-    dflt_n, dflt_warps, dflt_stages = default_launch(block_m, device.capability(q))
+    dflt_n, dflt_warps, dflt_stages = default_launch(block_m, gpu.capability(q.device))
     block_n, num_warps, num_stages = block_n or dflt_n, num_warps or dflt_warps, num_stages or dflt_stages
     n_tiles = triton.cdiv(rows, block_m)
     split = nseg > 1

@@ -1,8 +1,18 @@
 """The GPU a launch runs on, as the kernels' launch defaults see it. On the CPU (Triton's interpreter) it answers
-as an sm_90 part, so the interpreter runs the Hopper defaults; tests/aot_compile.py answers for other targets."""
+as a small sm_90 part, so the interpreter runs the Hopper defaults on few programs; tests/aot_compile.py answers
+for other targets by replacing these two functions."""
+import functools
+
 import torch
 
 
-def capability(t: torch.Tensor) -> tuple:
-    """Compute capability of the tensor's GPU, e.g. (8, 6) for an RTX 3090, (9, 0) for an H200."""
-    return torch.cuda.get_device_capability(t.device) if t.is_cuda else (9, 0)
+@functools.lru_cache(maxsize=None)
+def capability(dev: torch.device) -> tuple:
+    """Compute capability, e.g. (8, 6) for an RTX 3090, (9, 0) for an H200."""
+    return torch.cuda.get_device_capability(dev) if dev.type == "cuda" else (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(dev: torch.device) -> int:
+    """Streaming multiprocessors: the grid size that fills the GPU (4 on the CPU keeps interpreter grids small)."""
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4

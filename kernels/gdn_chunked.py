@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import device
+from kernels import device as gpu
 from kernels.gdn_recurrent import gdn_gates, l2norm
 
 
@@ -202,7 +202,7 @@ def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, 
     bv = block_v or min(64, DV)        # the H200 sweep's best with 4 + 4 warps (kernels-gdn-sweep-h200.md)
     # the pipelined chunk loop needs 188 KB of shared memory at 3 stages (sm_90: 227 KB); sm_8x has 99 KB, where
     # 2 stages take 98 KB (tests/aot_compile.py)
-    stages = 3 if device.capability(q) >= (9, 0) else 2
+    stages = 3 if gpu.capability(q.device) >= (9, 0) else 2
     assert DV % bv == 0
     _chunk_state_kernel[(B * HV, DV // bv)](
         q, k, a, b, A_log, dt_bias, w, u, state, initial_slots, final_slots, o, L, w.shape[2],

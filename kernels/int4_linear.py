@@ -26,7 +26,6 @@ Design, and why:
   activations (they feed a dot) but not the scales.
 * Split-K over groups, reduced in one launch by kernels/splitk.store_tile (graph-safe, no memset).
 """
-import functools
 import os
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import device as gpu
 from kernels.splitk import store_tile, workspace
 from layers.quant import Int4Weight
 
@@ -244,29 +244,17 @@ M_BUCKETS = (
 MIN_GROUPS_PER_SPLIT = 2
 
 
-@functools.lru_cache(maxsize=None)
-def num_sms(device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.lru_cache(maxsize=None)
-def has_wgmma(device) -> bool:
-    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def pick_config(m: int, n: int, k: int, device, **override) -> Config:
     """Tile table by M bucket (entries can be overridden, e.g. by the benchmark's sweep); split-K only where the
     output tiles alone leave the GPU under-filled, and never with an empty split. Without wgmma (sm_8x) the
     large-M tiles keep the weights as the B operand (mma.sync takes both from registers anyway), at most 64 rows
     and 8 warps: larger tiles spill there (checked with ptxas for sm_86)."""
     p = dict(next(p for bound, p in M_BUCKETS if bound is None or m <= bound), **override)
-    if not has_wgmma(device) and p["block_m"] > 16:
+    if gpu.capability(device) < (9, 0) and p["block_m"] > 16:          # no wgmma
         p.update(weights_a=False, block_m=64, num_warps=8)
     tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, p["block_n"])
     groups = k // GROUP
-    want = max(1, min(triton.cdiv(p["ctas_per_sm"] * num_sms(device), tiles), groups // MIN_GROUPS_PER_SPLIT))
+    want = max(1, min(triton.cdiv(p["ctas_per_sm"] * gpu.num_sms(device), tiles), groups // MIN_GROUPS_PER_SPLIT))
     split = triton.cdiv(groups, triton.cdiv(groups, want))
     return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["weights_a"])
 

@@ -16,7 +16,7 @@ from triton.runtime.jit import JITFunction
 
 import kernels.attention_prefill as attention_prefill
 import kernels.attention_verify as attention_verify
-import kernels.device as device
+import kernels.device as gpu
 import kernels.int4_linear as int4_linear
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import gdn_prefill
@@ -128,15 +128,14 @@ def recording(arch):
     """Kernel launches are recorded, not run; the wrappers see a GPU of this architecture."""
     recorded, run = [], JITFunction.run
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: recorded.append((self, args, kwargs))
-    saved = (int4_linear.num_sms, int4_linear.has_wgmma, device.capability)
-    int4_linear.num_sms = lambda _: TARGETS[arch]["sms"]
-    int4_linear.has_wgmma = lambda _: arch >= 90
-    device.capability = lambda _: divmod(arch, 10)
+    saved = (gpu.num_sms, gpu.capability)
+    gpu.num_sms = lambda _: TARGETS[arch]["sms"]
+    gpu.capability = lambda _: divmod(arch, 10)
     try:
         yield recorded
     finally:
         JITFunction.run = run
-        int4_linear.num_sms, int4_linear.has_wgmma, device.capability = saved
+        gpu.num_sms, gpu.capability = saved
 
 
 def main():
