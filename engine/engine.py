@@ -40,7 +40,7 @@ class Engine:
                  ignore_eos: bool = False, spec_k: int | None = None,
                  on_tokens: Callable[[list], bool | None] | None = None) -> GenerationResult:
         stops = () if ignore_eos else (self.defaults.stop_ids if stop_ids is None else stop_ids)
-        k = self.spec_k if spec_k is None else (spec_k if self.model.mtp is not None else 0)
+        k = self.spec_k if spec_k is None else spec_k                     # the generator drops it without MTP
         vocab = self.model.cfg.vocab_size
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:

@@ -79,7 +79,10 @@ class Generator:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                              f"model's max_position_embeddings ({limit})")
         gen = torch.Generator(self.device)
-        gen.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+        if sampling.seed is None:
+            gen.seed()                   # fresh entropy for this generator only; torch.seed() would reseed torch's own
+        else:
+            gen.manual_seed(sampling.seed)
         cache = model.new_cache(1, len(prompt_ids) + max_new_tokens + k + 1)
         out, stop_ids = [], set(stop_ids)
 
