@@ -1,5 +1,7 @@
-"""Int4-weight linears at the Qwen3.8-27B shapes, with their peers timed in the same run: ours (W4A16; W4A8 from
-int8 activations), cuBLAS bf16 (`x @ w.T`) and torch's `_weight_int4pack_mm` (group 128).
+"""Int4-weight linears at the Qwen3.8-27B shapes, with their peers timed in the same run: ours (W4A16 — the Gluon
+GEMV for ≤ 16 rows, the Triton kernel beyond and beside it as `[triton]`; W4A8 from int8 activations), cuBLAS bf16
+(`x @ w.T`), torch's `_weight_int4pack_mm` (group 128), and a copy kernel moving the same bytes as the M = 1
+GEMV (`copy floor`: what a launch that only streams those bytes achieves in this harness).
 
 Every timed call reads another copy of the weights (together ≥ 256 MiB, over 4× the H200's L2), so weights come
 from HBM as they do in a model step. Bytes per call: the weight codes, their scales, the activations and the
@@ -12,6 +14,7 @@ import itertools
 import torch
 
 from bench.harness import best_of, row, suite_main, time_us
+from kernels import int4_gemv as gemv
 from kernels.int4_linear import Config, int4_linear, pick_config, w4a8_linear
 from layers.quant import Int4Weight
 
@@ -38,6 +41,13 @@ def int4_bytes(m, n, k, act_bytes=2):
     return n * k // 2 + n * (k // 128) * 2 + m * k * act_bytes + m * n * 2
 
 
+def time_gemv(m, n, k, params):
+    weights = rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    return time_us(lambda: gemv.int4_gemv(x, weights(), out, **params))
+
+
 def time_ours(m, n, k, a8=False, cfg=None):
     weights = rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -54,6 +64,13 @@ def time_cublas(m, n, k):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     return time_us(lambda: torch.mm(x, weights().t(), out=out))
+
+
+def time_copy(nbytes):
+    """A copy kernel moving nbytes in all (read + write), from a rotation of sources."""
+    src = rotation(lambda: torch.empty(nbytes // 4, device="cuda", dtype=torch.bfloat16), nbytes // 2)
+    dst = torch.empty(nbytes // 4, device="cuda", dtype=torch.bfloat16)
+    return time_us(lambda: torch.mul(src(), 1, out=dst))
 
 
 def time_torch_int4pack(m, n, k):
@@ -82,12 +99,19 @@ def run(peak_Bps: float) -> list:
             except RuntimeError as e:                                    # report, keep benchmarking
                 rows.append({"kernel": "int4 matmul", "shape": f"{shape} M={m}", "peer": "torch-int4pack",
                              "error": str(e).splitlines()[0][:80]})
+        nbytes = int4_bytes(1, n, k)
+        rows.append(row("copy floor", f"{shape} M=1 bytes", time_copy(nbytes), nbytes, 0, peak_Bps, peer="copy"))
+        dev = torch.device("cuda")
         for m in GEMV_M + GEMM_M:
-            cfg = pick_config(m, n, k, torch.device("cuda"))
             us = time_ours(m, n, k)
             extra = {"vs_cublas": round(cublas[m] / us, 2)} if m in cublas else {}
+            config = _gemv_str(gemv.pick(m, n, k, dev)) if m <= gemv.MAX_ROWS else _cfg_str(pick_config(m, n, k, dev))
             rows.append(row("int4_linear W4A16", f"{shape} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k, peak_Bps,
-                            peer="ours", config=_cfg_str(cfg), **extra))
+                            peer="ours", config=config, **extra))
+        for m in (1, 5):
+            cfg = pick_config(m, n, k, dev)
+            rows.append(row("int4_linear W4A16 [triton]", f"{shape} M={m}", time_ours(m, n, k, cfg=cfg),
+                            int4_bytes(m, n, k), 2 * m * n * k, peak_Bps, peer="ours", config=_cfg_str(cfg)))
         for m in PEER_M:
             us = time_ours(m, n, k, a8=True)
             rows.append(row("w4a8_linear", f"{shape} M={m}", us, int4_bytes(m, n, k, act_bytes=1) + 4 * m,
@@ -95,16 +119,15 @@ def run(peak_Bps: float) -> list:
     return rows
 
 
+def _gemv_str(p: dict) -> str:
+    return f"gemv {p['block_n']}x{p['warps']}w s{p['split_k']}"
+
+
 def _cfg_str(c: Config) -> str:
     return f"{c.block_m}x{c.block_n} s{c.split_k} w{c.num_warps} st{c.num_stages}" + (" A" if c.weights_a else "")
 
 
-# Alternatives to M_BUCKETS for --sweep: entries override the bucket's dict in pick_config.
-GEMV_VARIANTS = ([dict(block_n=bn, num_warps=w, num_stages=st, weights_a=False, ctas_per_sm=c)
-                  for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 4, 4), (128, 8, 3), (256, 8, 3))
-                  for c in (2, 3, 4, 6, 8)]
-                 + [dict(block_n=bn, num_warps=w, num_stages=3, weights_a=True, ctas_per_sm=c)
-                    for bn, w in ((128, 4), (256, 8)) for c in (2, 4)])
+# Alternatives to int4_linear.M_BUCKETS for --sweep: entries override the bucket's dict in pick_config.
 GEMM_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, weights_a=wa, ctas_per_sm=1)
                  for bm, bn, w, st, wa in ((64, 128, 4, 3, True), (64, 256, 8, 3, True), (128, 128, 8, 3, True),
                                            (128, 128, 8, 4, True), (128, 256, 8, 3, True), (128, 128, 8, 3, False))]
@@ -113,10 +136,19 @@ A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, weights_a
                                      (128, 128, 8, False))]
 
 
+# Alternatives to int4_gemv.ROW_BUCKETS for --sweep
+GEMV_VARIANTS = [dict(block_n=bn, warps=w, ctas_per_sm=c) for bn, w, c in
+                 ((64, 2, 8), (64, 2, 12), (128, 2, 8), (128, 4, 4), (128, 2, 12), (256, 4, 4))]
+
+
 def sweep(peak_Bps: float) -> list:
     rows = []
-    cases = [(SHAPES, (1,), GEMV_VARIANTS, False),
-             ([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, GEMM_VARIANTS, False),
+    for (name, n, k), m in itertools.product(SHAPES, (1, 5, 16)):
+        configs = [gemv.pick(m, n, k, torch.device("cuda"), **v) | {"c": v["ctas_per_sm"]} for v in GEMV_VARIANTS]
+        rows += best_of(configs, lambda p: time_gemv(m, n, k, {key: v for key, v in p.items() if key != "c"}),
+                        lambda p, us: row("int4_gemv", f"{name} {n}x{k} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k,
+                                          peak_Bps, config=_gemv_str(p) + f" c{p['c']}"), show=4)
+    cases = [([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, GEMM_VARIANTS, False),
              ([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, A8_VARIANTS, True)]
     for shapes, ms, variants, a8 in cases:
         for (name, n, k), m in itertools.product(shapes, ms):

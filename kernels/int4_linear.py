@@ -7,6 +7,9 @@ Shapes (kernel): x [M, K] (row stride stride_xm, unit column stride), qweight in
 [K/128, N], out [M, N] (row stride stride_om); K a multiple of 128 (= the group), N a multiple of 8. Fused
 projections (gate+up, q/k/v(+gate), GDN qkv+z) are one call on the weights concatenated along N by the loader.
 Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_int4(w).T).
+On a GPU (sm_80+), int4_linear hands calls of ≤ 16 rows with symmetric weights to kernels/int4_gemv.py, which
+streams the weights without shared memory (~2x faster there); this kernel covers the rest, and every row count
+in the CPU interpreter (Gluon has none). Passing a Config forces this kernel.
 
 Design, and why:
 * Tensor cores for every M, M padded to BLOCK_M ≥ 16. The cost of an int4 GEMV is unpacking, not multiplying:
@@ -34,6 +37,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu
+from kernels.int4_gemv import int4_gemv, supports as gemv_supports
 from kernels.splitk import store_tile, workspace
 from layers.quant import Int4Weight
 
@@ -254,7 +258,8 @@ def pick_config(m: int, n: int, k: int, device, **override) -> Config:
         p.update(weights_a=False, block_m=64, num_warps=8)
     tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, p["block_n"])
     groups = k // GROUP
-    want = max(1, min(triton.cdiv(p["ctas_per_sm"] * gpu.num_sms(device), tiles), groups // MIN_GROUPS_PER_SPLIT))
+    # at most one wave: a partial second wave doubles the time (seen: 512 CTAs on 396 slots, 40 → 32 µs at 1 wave)
+    want = max(1, min(p["ctas_per_sm"] * gpu.num_sms(device) // tiles, groups // MIN_GROUPS_PER_SPLIT))
     split = triton.cdiv(groups, triton.cdiv(groups, want))
     return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["weights_a"])
 
@@ -286,6 +291,8 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg: C
     assert x.dtype in (torch.bfloat16, torch.float16)
     if out is None:
         out = torch.empty(*x.shape[:-1], w.n, dtype=x.dtype, device=x.device)
+    if cfg is None and gemv_supports(x, w):
+        return int4_gemv(x, w, out)
     return _launch(x, None, w, out, cfg)
 
 

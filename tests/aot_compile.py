@@ -12,11 +12,13 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import JITFunction
 
 import kernels.attention_prefill as attention_prefill
 import kernels.attention_verify as attention_verify
 import kernels.device as gpu
+import kernels.int4_gemv as int4_gemv
 import kernels.int4_linear as int4_linear
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import gdn_prefill
@@ -30,7 +32,8 @@ from layers.quant import Int4Weight, Int8Weight
 
 TARGETS = {86: dict(sms=82, smem=99 * 1024), 90: dict(sms=132, smem=227 * 1024)}
 POINTER = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
-           torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8", torch.bool: "*i1"}
+           torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8", torch.bool: "*i1",
+           torch.float8_e4m3fn: "*fp8e4nv"}
 OPTIONS = ("num_warps", "num_stages")
 H, V, I = 5120, 248320, 17408                      # hidden, vocabulary, MLP width
 HQ, HKV, D = 24, 4, 256                            # gated attention
@@ -49,6 +52,8 @@ def launches():
         w = Int4Weight(empty(k // 8, n, dtype=torch.int32), empty(k // 128, n, dtype=torch.float16))
         for m in rows_m:
             int4_linear.int4_linear(empty(m, k), w)
+        for m in (1, 5, 16):                        # the GPU's path for these (int4_linear picks it on CUDA only)
+            int4_gemv.int4_gemv(empty(m, k), w, empty(m, n))
         int4_linear.w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
         yield f"int4 {n}x{k}"
     head = Int8Weight(empty(V, H, dtype=torch.int8), empty(V, dtype=torch.float16))
@@ -154,7 +159,9 @@ def main():
                     if arch < 89 and constants.get("KV_FMT") == attention_verify.KV_FP8_NATIVE:
                         continue                                   # the native fp8 path is for sm_89+ only
                     try:
-                        compiled = triton.compile(ASTSource(fn, sig, constexprs=constants, attrs=attrs),
+                        source = (GluonASTSource if fn.is_gluon() else ASTSource)(fn, sig, constexprs=constants,
+                                                                                  attrs=attrs)
+                        compiled = triton.compile(source,
                                                   target=GPUTarget("cuda", arch, 32), options=options)
                         shared = compiled.metadata.shared
                         status = "ok" if shared <= target["smem"] else f"needs {shared} B shared memory"

@@ -1,0 +1,244 @@
+"""Int4-weight GEMV for decode and verify (M ≤ 16 rows) on tensor cores, weights straight from global memory into
+mma registers: out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the canonical int4 layout (layers/quant.py).
+
+Why a second int4 kernel: at M ≤ 16 the step is a pure weight stream, and the Triton kernel (int4_linear.py)
+stages every tile through shared memory — cp.async in, then a shared-memory read in the mma's register layout,
+with the padded activation tile read once per warp and barriers per group. On the H200 that kept L1/shared
+busy at ~70% while DRAM ran at ~30%. Here nothing goes through shared memory and warps never wait for each other:
+* The weights are the mma's A operand (rows = output columns, m16n8k16) and the activations its B operand
+  (columns = tokens, n8 or n16), so M ≤ 8 wastes no mma width. Each thread loads, with 4-byte loads, exactly the
+  canonical words its A fragment needs (lanes with the same k read 8 consecutive columns: whole 32-byte sectors),
+  so the layout on disk stays the canonical one, shared with the GEMM path.
+* Word (8r + j codes) → bf16/fp16 pairs with t = (word >> 4j) & 0x000F000F | MAGIC (codes j and j+4 as 128 + q or
+  1024 + q); the mma's k order inside a 32-wide chunk is therefore permuted (slot 16·jhi + 8·jlo + 2·t + e holds
+  k = 8·t + 4·e + 2·jhi + jlo for lane-in-quad t and j = 2·jhi + jlo), and the activations are loaded in that
+  same order: each thread's 8 values are 8 consecutive k (one 16-byte load), permuted in registers.
+* Exact codes in the mma, the group's partial sum scaled once per group in fp32 (like int4_linear's GEMV form).
+* The next group's words, scales and activations are loaded before this group is computed (registers, no
+  shared memory); many small CTAs per SM keep enough bytes in flight.
+Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
+free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
+the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
+sm_90 by tests/aot_compile.py. Symmetric weights only (asymmetric ones take int4_linear).
+Reference: layers.quant.dequantize_int4."""
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from kernels import device as gpu
+from kernels.splitk import workspace
+from layers.quant import Int4Weight
+
+MAX_ROWS = 16
+
+
+def _log2(v: int) -> int:
+    assert v & (v - 1) == 0, v
+    return v.bit_length() - 1
+
+
+def layouts(bn: int, bt: int, warps: int):
+    """(words [BN, 4 (t), 4 (b)], activations [128, BT] in k order) layouts that hand each thread what its mma
+    fragments need. Row r of a CTA tile: bits 0-2 lane/4, bit 3 register, bit 4.. warp, then registers."""
+    warp_rows = [[16 << i, 0, 0] for i in range(_log2(warps))]
+    rep_rows = [[16 * warps << i, 0, 0] for i in range(_log2(bn // (16 * warps)))]
+    words = gl.DistributedLinearLayout(                             # word 4b + t of the group, column `row`
+        reg_bases=[[8, 0, 0], [0, 0, 1], [0, 0, 2]] + rep_rows,
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=warp_rows, block_bases=[], shape=[bn, 4, 4])
+    acts = gl.DistributedLinearLayout(
+        reg_bases=[[1, 0], [2, 0], [4, 0], [32, 0], [64, 0]] + ([[0, 8]] if bt == 16 else []),
+        lane_bases=[[8, 0], [16, 0], [0, 1], [0, 2], [0, 4]], warp_bases=[[0, 0]] * _log2(warps),
+        block_bases=[], shape=[128, bt])
+    return words, acts
+
+
+@gluon.jit
+def _pair(w, j: gl.constexpr, DT: gl.constexpr):
+    """Codes j and j + 4 of each word as two DT numbers 128 + q (bf16) or 1024 + q (fp16): [...] → [..., 2]."""
+    w = w >> (4 * j)
+    if DT == gl.float16:        # (w & 0x000F000F) | MAGIC in one lop3 (the compiler emits two)
+        t = gl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000F000F, 0x64006400, 0xEA;", "=r,r", [w],
+                                      dtype=gl.int32, is_pure=True, pack=1)
+    else:
+        t = gl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000F000F, 0x43004300, 0xEA;", "=r,r", [w],
+                                      dtype=gl.int32, is_pure=True, pack=1)
+    return gl.join(t.to(gl.int16), (t >> 16).to(gl.int16)).to(DT, bitcast=True)
+
+
+@gluon.jit
+def _chunk_weights(q, b: gl.constexpr, BN: gl.constexpr, DT: gl.constexpr, a_op: gl.constexpr):
+    """Words of one group [BN, 4 (t), 4 (b)] → chunk b as the A operand [BN, 32] in DT (offset codes)."""
+    w = gl.reshape(q, [BN, 4, 2, 2])                                # [row, t, b1, b0]
+    lo, hi = gl.split(w)
+    w = hi if b % 2 == 1 else lo
+    lo, hi = gl.split(w)
+    w = hi if b // 2 == 1 else lo                                   # [row, t]
+    u = gl.join(gl.join(_pair(w, 0, DT), _pair(w, 1, DT)), gl.join(_pair(w, 2, DT), _pair(w, 3, DT)))
+    u = gl.reshape(gl.permute(u, [0, 4, 3, 1, 2]), [BN, 32])       # [row, t, e, jlo, jhi] → slot 16jhi+8jlo+2t+e
+    return gl.convert_layout(u, a_op, assert_trivial=True)
+
+
+@gluon.jit
+def _chunk_acts(x, b: gl.constexpr, BT: gl.constexpr, b_op: gl.constexpr):
+    """Activations of one group [128, BT] in k order → chunk b as the B operand [32, BT] in slot order."""
+    x = gl.reshape(x, [4, 32, BT])                                  # [b, k % 32, tok]
+    x = gl.permute(x, [1, 2, 0])
+    x = gl.reshape(x, [32, BT, 2, 2])                               # [k % 32, tok, b1, b0]
+    lo, hi = gl.split(x)
+    x = hi if b % 2 == 1 else lo
+    lo, hi = gl.split(x)
+    x = hi if b // 2 == 1 else lo                                   # [k % 32, tok], k % 32 = 8t + 4e + 2jhi + jlo
+    x = gl.reshape(x, [4, 2, 2, 2, BT])                             # [t, e, jhi, jlo, tok]
+    x = gl.reshape(gl.permute(x, [2, 3, 0, 1, 4]), [32, BT])       # slot 16·jhi + 8·jlo + 2·t + e
+    return gl.convert_layout(x, b_op, assert_trivial=True)
+
+
+@gluon.jit
+def _arange3(n: gl.constexpr, dim: gl.constexpr, layout: gl.constexpr):
+    """arange(n) along `dim` of a rank-3 tensor in `layout`, size 1 along the other two."""
+    if dim == 0:
+        r = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+        return gl.expand_dims(gl.expand_dims(r, 1), 2)
+    elif dim == 1:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+        return gl.expand_dims(gl.expand_dims(r, 0), 2)
+    else:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+        return gl.expand_dims(gl.expand_dims(r, 0), 1)
+
+
+@gluon.jit
+def _load(ptrs, mask):
+    if mask is None:
+        return gl.load(ptrs)
+    else:
+        return gl.load(ptrs, mask=mask, other=0)
+
+
+@gluon.jit
+def _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, g, N):
+    """Group g's words, activations and scales."""
+    return _load(w_ptrs + g * 16 * N, w_ok), gl.load(x_ptrs + g * 128, mask=x_ok, other=0.0), _load(s_ptrs + g * N, s_ok)
+
+
+@gluon.jit
+def _group_product(q, xg, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: gl.constexpr, BASE: gl.constexpr,
+                   mma: gl.constexpr, a_op: gl.constexpr, b_op: gl.constexpr):
+    """acc [BN, BT] += one group, scaled per row in fp32: Σ (code − 8)·x = Σ (BASE + code − 8)·x − BASE·Σx, the
+    codes entering the mma as BASE + q and Σx coming from a ones operand (a subtract per pair of weights saved)."""
+    part = gl.zeros([BN, BT], gl.float32, mma)
+    xsum = gl.zeros([BN, BT], gl.float32, mma)
+    for b in gl.static_range(4):
+        xb = _chunk_acts(xg, b, BT, b_op)
+        part = mma_v2(_chunk_weights(q, b, BN, DT, a_op), xb, part)
+        xsum = mma_v2(gl.full([BN, 32], 1.0, DT, a_op), xb, xsum)
+    return acc + (part - BASE * xsum) * gl.expand_dims(s.to(gl.float32), 1)
+
+
+@gluon.jit
+def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_om,
+                      w_layout: gl.constexpr, x_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
+                      W: gl.constexpr, SPLIT: gl.constexpr, EVEN_N: gl.constexpr):
+    # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/8, N], s [K/128, N], out [M, N] (any float dtype);
+    # grid (cdiv(N, BN), split-K count); ws fp32 [M·N] and cnt int32 [tiles] zeroed (kernels/splitk.py)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    DT: gl.constexpr = x_ptr.dtype.element_ty
+    BASE: gl.constexpr = 1032.0 if DT == gl.float16 else 136.0      # 1024 + 8 or 128 + 8
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    n0 = pid_n * BN
+    n_groups = K // 128
+    per_split = gl.cdiv(n_groups, gl.num_programs(1))
+    g_lo = pid_k * per_split
+    g_hi = gl.minimum(g_lo + per_split, n_groups)
+
+    wr = _arange3(BN, 0, w_layout)
+    wt = _arange3(4, 1, w_layout)
+    wb = _arange3(4, 2, w_layout)
+    w_ptrs = qw_ptr + (4 * wb + wt) * N + n0 + wr
+    xk = gl.arange(0, 128, layout=gl.SliceLayout(1, x_layout))
+    xt = gl.arange(0, BT, layout=gl.SliceLayout(0, x_layout))
+    x_ok = gl.expand_dims(xk < 128, 1) & gl.expand_dims(xt < M, 0)
+    x_ptrs = x_ptr + gl.expand_dims(xt, 0).to(gl.int64) * stride_xm + gl.expand_dims(xk, 1)
+    sr = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    rows_ok = n0 + sr < N
+    s_ptrs = s_ptr + n0 + sr
+    if EVEN_N:                  # no row masks: the weight stream is plain unpredicated loads
+        w_ok = None
+        s_ok = None
+    else:
+        w_ok = (n0 + wr < N) & (wt < 4) & (wb < 4)
+        s_ok = rows_ok
+
+    acc = gl.zeros([BN, BT], gl.float32, mma)
+    # registers hold the next group while this one is computed: no shared memory, no barrier. The last
+    # iteration reloads its own group instead of masking the prefetch (no predicates in the loop).
+    nxt = _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, g_lo, N)
+    for g in range(g_lo, g_hi):
+        q, xg, s = nxt
+        nxt = _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, gl.minimum(g + 1, g_hi - 1), N)
+        acc = _group_product(q, xg, s, acc, BN, BT, DT, BASE, mma, a_op, b_op)
+
+    tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+    mask = gl.expand_dims(rows_ok, 1) & gl.expand_dims(tok < M, 0)
+    out = out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(n0 + sr, 1)
+    if not SPLIT:
+        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:                                                           # as kernels/splitk.store_tile
+        ws = ws_ptr + gl.expand_dims(tok, 0) * N + gl.expand_dims(n0 + sr, 1)
+        gl.atomic_add(ws, acc, mask=mask, sem="relaxed")
+        gl.thread_barrier()
+        arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == gl.num_programs(1) - 1:
+            ws_bits = ws.to(gl.pointer_type(gl.int32), bitcast=True)
+            total = gl.atomic_xchg(ws_bits, gl.zeros([BN, BT], gl.int32, mma), mask=mask, sem="relaxed")
+            gl.store(out, total.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
+            gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed")
+
+
+# Per row bucket (upper bound inclusive): columns per CTA, warps per CTA, and how many CTAs per SM split-K aims
+# for (these CTAs use ~128 registers per thread, so 8 of 2 warps fit an SM). From an H200 sweep at the 27B
+# shapes (bench/kernels_int4.py --sweep): one row prefers wider tiles, a verify step's 5 rows more CTAs.
+ROW_BUCKETS = ((2, dict(block_n=128, warps=2, ctas_per_sm=8)), (16, dict(block_n=64, warps=2, ctas_per_sm=12)))
+
+
+def supports(x: torch.Tensor, w: Int4Weight) -> bool:
+    """Whether this kernel takes the call: CUDA sm_80+, ≤ 16 rows, symmetric weights, group 128."""
+    return (x.is_cuda and gpu.capability(x.device) >= (8, 0) and x.numel() // x.shape[-1] <= MAX_ROWS
+            and w.zs is None and w.group == 128 and x.dtype in (torch.bfloat16, torch.float16)
+            and x.stride(-1) == 1)
+
+
+def pick(m: int, n: int, k: int, device, **override) -> dict:
+    """Launch parameters for m rows: the bucket's tile, and a split-K that fills the GPU about once."""
+    p = dict(next(p for bound, p in ROW_BUCKETS if m <= bound), **override)
+    groups = k // 128
+    want = max(1, min(p.pop("ctas_per_sm") * gpu.num_sms(device) // triton.cdiv(n, p["block_n"]), groups // 2))
+    p.setdefault("split_k", triton.cdiv(groups, triton.cdiv(groups, want)))   # no empty split
+    return p
+
+
+def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = None, warps: int = None,
+              split_k: int = None) -> torch.Tensor:
+    """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype); tile parameters default to pick()."""
+    k, n = w.k, w.n
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    out2 = out.view(-1, n)
+    assert m <= MAX_ROWS and x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
+    given = {key: v for key, v in dict(block_n=block_n, warps=warps, split_k=split_k).items() if v is not None}
+    p = pick(m, n, k, x.device, **given)
+    bt = 8 if m <= 8 else 16
+    tiles = triton.cdiv(n, p["block_n"])
+    ws, cnt = workspace(x.device, m * n if p["split_k"] > 1 else 1, tiles)
+    w_layout, x_layout = layouts(p["block_n"], bt, p["warps"])
+    _int4_gemv_kernel[(tiles, p["split_k"])](
+        x2, w.qweight, w.scales, out2, ws, cnt, m, n, k, x2.stride(0), out2.stride(0),
+        w_layout, x_layout, p["block_n"], bt, p["warps"], p["split_k"] > 1, n % p["block_n"] == 0,
+        num_warps=p["warps"])
+    return out

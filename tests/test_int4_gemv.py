@@ -1,0 +1,70 @@
+"""The Gluon int4 GEMV (kernels/int4_gemv.py) against the dequantising reference. Gluon has no interpreter, so
+these run on a GPU only; on the CPU the kernel is compiled for sm_86/sm_90 by tests/test_kernels_compile.py and
+the same function is covered by int4_linear's interpreter tests."""
+import pytest
+import torch
+
+from kernels.int4_gemv import int4_gemv, supports
+from kernels.splitk import workspace
+from layers.quant import dequantize_int4, quantize_int4
+
+pytestmark = pytest.mark.gpu
+SHAPES_27B = [(16384, 5120), (5120, 6144), (14336, 5120), (34816, 5120), (5120, 17408)]   # N × K
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def case(m, n, k, xdt, sdt, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(n, k, device="cuda", generator=gen) * (1 + torch.rand(n, 1, device="cuda", generator=gen))
+    w = quantize_int4(w, scale_dtype=sdt)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(xdt)
+    return x, w, x.float() @ dequantize_int4(w).T
+
+
+# M across both token widths (8, 16), N an odd multiple of 8 (ragged last tile), K odd numbers of groups
+@pytest.mark.parametrize("m,n,k,xdt,sdt,cfg", [
+    (1, 40, 128, torch.bfloat16, torch.float16, dict(block_n=64, warps=2, split_k=1)),
+    (3, 136, 384, torch.bfloat16, torch.bfloat16, dict(block_n=32, warps=2, split_k=3)),
+    (5, 200, 640, torch.float16, torch.float16, dict(block_n=64, warps=2, split_k=2)),
+    (8, 1032, 1152, torch.bfloat16, torch.float16, dict(block_n=128, warps=4, split_k=4)),
+    (9, 136, 384, torch.float16, torch.bfloat16, dict(block_n=64, warps=4, split_k=1)),
+    (16, 520, 896, torch.bfloat16, torch.float16, dict(block_n=128, warps=2, split_k=7)),
+])
+def test_int4_gemv(m, n, k, xdt, sdt, cfg):
+    x, w, ref = case(m, n, k, xdt, sdt, m * 1000 + n + k)
+    out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")      # poisoned
+    int4_gemv(x, w, out, **cfg)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 1e-3, rel_err(out, ref)                   # exact codes, fp32 sums, x rounded only
+    ws, cnt = workspace(x.device, 1, 1)
+    assert not ws.any() and not cnt.any()                                # split-K leaves its workspace zeroed
+
+
+@pytest.mark.parametrize("n,k", SHAPES_27B)
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_int4_gemv_27b_shapes(m, n, k):
+    x, w, ref = case(m, n, k, torch.bfloat16, torch.float16, m + n)
+    assert supports(x, w)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    int4_gemv(x, w, out)
+    assert rel_err(out, ref) < 6e-3, rel_err(out, ref)
+
+
+def test_int4_gemv_strided_rows_and_graph_replay():
+    x_big, w, _ = case(4, 5120, 6144 + 128, torch.bfloat16, torch.float16, 3)
+    x = x_big[:, 64:64 + 6144]                                             # row stride 6272
+    w = quantize_int4(torch.randn(5120, 6144, device="cuda"))
+    out = torch.empty(4, 5120, dtype=torch.bfloat16, device="cuda")
+    int4_gemv(x, w, out)                                                   # warm-up: compiles, sizes the workspace
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        int4_gemv(x, w, out)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, x.float() @ dequantize_int4(w).T) < 6e-3
