@@ -1,6 +1,6 @@
 """Int8 lm_head GEMV/GEMM (248320 × 5120, per-row scales) and the int8 embedding gather, with cuBLAS bf16 timed at
 the same shape in the same run. Weight copies rotate so that every call reads HBM (bench/kernels_int4.rotation).
-Bytes: int8 weights + row scales + activations + outputs (bf16 logits).
+Bytes: int8 weights + row scales + activations + outputs (fp32 logits, as the engine's lm_head writes them).
 
 `python -m bench.kernels_int8 --sweep` times alternatives to kernels/int8_linear.py's M_BUCKETS."""
 
@@ -9,7 +9,7 @@ import torch
 from bench.harness import best_of, row, suite_main, time_us
 from bench.kernels_int4 import rotation
 from kernels.int8_embedding import int8_embedding
-from kernels.int8_linear import Config, int8_linear, pick_config
+from kernels.int8_linear import Config, int8_linear, pick_config, split_activations
 from layers.quant import Int8Weight
 
 VOCAB, HIDDEN = 248320, 5120
@@ -24,13 +24,13 @@ def random_int8(n, k):
 
 
 def lm_head_bytes(m, n=VOCAB, k=HIDDEN):
-    return n * k + n * 2 + m * k * 2 + m * n * 2
+    return n * k + n * 2 + m * k * 2 + m * n * 4
 
 
 def time_ours(m, cfg=None, n=VOCAB, k=HIDDEN):
     weights = rotation(lambda: random_int8(n, k), n * k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.float32)
     return time_us(lambda: int8_linear(x, weights(), out=out, cfg=cfg))
 
 
@@ -44,12 +44,12 @@ def run(peak_Bps: float) -> list:
         cublas[m] = us = time_us(lambda: torch.mm(x, weights().t(), out=out))
         rows.append(row("bf16 matmul", f"{shape} M={m}", us, VOCAB * HIDDEN * 2 + m * HIDDEN * 2 + m * VOCAB * 2,
                         2 * m * VOCAB * HIDDEN, peak_Bps, peer="cublas-bf16"))
-        del weights
+        weights = None                                          # free this copy before the next
     for m in LINEAR_M:
         us = time_ours(m)
         extra = {"vs_cublas": round(cublas[m] / us, 2)} if m in cublas else {}
         rows.append(row("int8_linear", f"{shape} M={m}", us, lm_head_bytes(m), 2 * m * VOCAB * HIDDEN, peak_Bps,
-                        peer="ours", config=_cfg_str(pick_config(m)), **extra))
+                        peer="ours", config=_cfg_str(pick_config(m, "cuda")), **extra))
     table = random_int8(VOCAB, HIDDEN)
     for t in GATHER_T:
         ids = torch.randint(0, VOCAB, (t,), device="cuda")
@@ -61,22 +61,35 @@ def run(peak_Bps: float) -> list:
 
 
 def _cfg_str(c: Config) -> str:
-    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} st{c.num_stages}" + (" A" if c.weights_a else "")
+    a = " A" if c.weights_a else ""
+    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} st{c.num_stages}{a} p{c.parts}"
 
 
-GEMV_SWEEP = [Config(16, bn, bk, w, st) for bn, bk, w, st in ((64, 256, 4, 3), (128, 128, 4, 3), (128, 128, 4, 4),
-                                                             (128, 256, 4, 3), (256, 128, 8, 3), (128, 256, 8, 3))]
-GEMM_SWEEP = [Config(bm, bn, bk, w, 3, wa) for bm, bn, bk, w, wa in ((64, 128, 128, 4, True), (128, 128, 128, 8, True),
-                                                                    (128, 256, 64, 8, True), (64, 256, 128, 8, True),
-                                                                    (128, 128, 128, 8, False))]
+# Config(block_m, block_n, block_k, warps, stages, weights_a, parts): the table's choices and their runners-up in
+# the first H200 sweep (M = 1 / 5 within 3 % of each other; a persistent grid and the fp16 mma were slower)
+GEMV_SWEEP = [Config(*c) for c in (
+    (16, 64, 512, 4, 3), (16, 128, 256, 4, 3), (16, 128, 256, 4, 3, True), (16, 128, 128, 4, 4, True),
+    (32, 64, 512, 4, 3), (32, 128, 256, 4, 3), (32, 128, 128, 4, 4, True), (16, 128, 256, 4, 3, True, 2))]
+GEMM_SWEEP = [Config(*c) for c in (
+    (128, 256, 128, 8, 3, True), (128, 128, 128, 4, 4, True), (256, 128, 128, 8, 3, True),
+    (128, 256, 128, 8, 3, True, 2), (256, 128, 128, 8, 3, True, 2), (128, 256, 128, 8, 3, True, 1))]
 
 
 def sweep(peak_Bps: float) -> list:
+    """Each M against the configs that hold it in one M-tile (GEMV) or any (GEMM); rows print as they come."""
     rows = []
-    for m, configs in ((1, GEMV_SWEEP), (5, GEMV_SWEEP), (64, GEMM_SWEEP), (320, GEMM_SWEEP)):
-        rows += best_of(configs, lambda c: time_ours(m, c),
-                        lambda c, us: row("int8_linear", f"lm_head M={m}", us, lm_head_bytes(m),
-                                          2 * m * VOCAB * HIDDEN, peak_Bps, config=_cfg_str(c)))
+    for m, configs in ((1, GEMV_SWEEP), (5, GEMV_SWEEP), (20, GEMM_SWEEP), (64, GEMM_SWEEP), (320, GEMM_SWEEP)):
+        def make_row(c, us, m=m):
+            r = row("int8_linear", f"lm_head M={m}", us, lm_head_bytes(m), 2 * m * VOCAB * HIDDEN, peak_Bps,
+                    config=_cfg_str(c))
+            print(f"  M={m:<4d} {r['config']:40s} {us:9.2f} us  {r['frac_peak']:.3f}", flush=True)
+            return r
+        rows += best_of([c for c in configs if m > 8 or m <= c.tokens], lambda c, m=m: time_ours(m, c), make_row)
+    for m in (1, 5, 320):                                       # the activation split alone (part of every p row)
+        x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        us = time_us(lambda: split_activations(x, pick_config(m, "cuda")))
+        rows.append(row("split_activations", f"M={m}", us, m * HIDDEN * 3 + m * 4, 0, peak_Bps))
+        print(f"  split_activations M={m}: {us:.2f} us", flush=True)
     return rows
 
 
