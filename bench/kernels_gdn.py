@@ -2,13 +2,16 @@
 verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state), conv update (T = 5) and prefill, chunked prefill at
 4k tokens. Bytes counted: verify = read 1 state + write T states + q, k, v, a, b + o; conv = x + y + state read
 and written; prefill = inputs + o + state read and written (its fp32 W/U workspace is overhead, not counted).
-GDN_SWEEP=1 adds launch-configuration sweeps (V-tile, warps)."""
+GDN_SWEEP=1 (or `python -m bench.kernels_gdn --sweep`, verify only) adds launch-configuration sweeps (verify:
+scheme, V-tile, warps; prefill: V-tile, warps). Beside the B = 1 verify rows, the floor of the same harness: a copy
+moving the verify's bytes (a memcpy node and a copy kernel) and an empty Triton kernel."""
 import itertools
 import os
 
 import torch
+import triton
 
-from bench.harness import row, time_us
+from bench.harness import row, suite_main, time_us
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import chunk_prepare, chunk_states, gdn_prefill, prefill_workspace
 from kernels.gdn_recurrent import gdn_verify
@@ -36,6 +39,25 @@ def timed_row(name, shape, fn, nbytes, flops, peak, out, **kw):
     print(out[-1], flush=True)
 
 
+# (proj_dot, block_v, num_warps); tests/test_gdn_kernels.py checks the same configurations on the GPU
+VERIFY_SWEEP = [(d, bv, w) for d in (False, True) for bv, w in ((16, 1), (32, 2), (64, 4))]
+
+
+@triton.jit
+def _empty_kernel():
+    pass
+
+
+def floor_rows(nbytes, grid, peak, out):
+    """What the harness measures for moving `nbytes` (half read, half written) and for an empty launch."""
+    src = torch.empty(nbytes // 4, device=DEV, dtype=torch.float16).normal_()
+    dst = torch.empty_like(src)
+    timed_row("floor: copy_ (memcpy node)", "same bytes", lambda: dst.copy_(src), nbytes, 0, peak, out)
+    timed_row("floor: mul by 1 (copy kernel)", "same bytes", lambda: torch.mul(src, 1, out=dst), nbytes, 0, peak, out)
+    for g in ((1,), grid):
+        timed_row("floor: empty triton kernel", f"grid {g}", lambda: _empty_kernel[g](), nbytes, 0, peak, out)
+
+
 def verify_rows(peak, sweep):
     out = []
     for B, sdt in [(1, torch.float16), (8, torch.float16), (64, torch.float16), (1, torch.float32),
@@ -46,15 +68,15 @@ def verify_rows(peak, sweep):
         num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV)
         o = torch.empty(B, T, HV, D, device=DEV, dtype=torch.bfloat16)
         nbytes = (1 + T) * B * HV * D * D * pool.element_size() + B * T * (C + 2 * HV + HV * D) * 2
-        configs = [(None, None)]
-        if sweep and B <= 8 and sdt == torch.float16:
-            configs += [(bv, w) for bv, w in itertools.product((8, 16, 32, 64), (1, 2, 4, 8)) if bv <= 16 * w]
-        for bv, warps in configs:
-            name = "gdn_verify" + ("" if bv is None else f"[bv{bv},w{warps}]")
+        configs = [(None, None, None)] + (VERIFY_SWEEP if sweep and sdt == torch.float16 else [])
+        for dot, bv, warps in configs:
+            name = "gdn_verify" + ("" if bv is None else f"[{'dot' if dot else 'fma'},bv{bv},w{warps}]")
             timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
-                      lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps),
+                      lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps,
+                                         proj_dot=dot),
                       nbytes, 8 * B * T * HV * D * D, peak, out)
-        del pool
+        if B == 1 and sdt == torch.float16:
+            floor_rows(nbytes, (B, HV, D // 16), peak, out)
     return out
 
 
@@ -101,3 +123,16 @@ def prefill_rows(peak, sweep, L=4096):
 def run(peak_Bps):
     sweep = os.environ.get("GDN_SWEEP") == "1"
     return verify_rows(peak_Bps, sweep) + conv_rows(peak_Bps) + prefill_rows(peak_Bps, sweep)
+
+
+def sweep(peak_Bps):
+    rows = verify_rows(peak_Bps, True)
+    print(f"\n{'kernel':34s} {'shape':22s} {'us':>8s} {'roofline':>8s} {'frac':>6s}")
+    for r in rows:
+        print(f"{r['kernel']:34s} {r['shape']:22s} " + (f"{r['us']:8.2f} {r['roofline_us']:8.2f} {r['frac_peak']:6.3f}"
+                                                       if "us" in r else r["error"]))
+    return rows
+
+
+if __name__ == "__main__":
+    suite_main(run, sweep, __doc__)

@@ -3,6 +3,9 @@
 One program owns one (sequence, v-head, V-tile): it loads the state tile S[dk, BV] from the slot picked by
 `num_accepted`, keeps it in fp32 registers for all T tokens and stores the state after token t into the slot of
 column t. Gating (g, beta), the l2norm of q and k and the dk^-0.5 query scale are computed in the kernel.
+Two schemes: with an fp16 state and 16-bit q, k (exact in tf32) and T > 1, the 2T projections k_t.S0, q_t.S0 are one
+tensor-core product and the tokens are one chunk of the chunked form (only [BV]-vector work chains the tokens);
+otherwise (fp32 state or inputs, decode) the delta rule runs token by token with two reductions over dk per token.
 
 Shapes (per layer):
     q, k          [B, T, Hk, dk]   post-conv activations, any float dtype, last dim contiguous
@@ -20,6 +23,8 @@ written. T = 1 with one slot per sequence is the plain decode step (read and wri
 import torch
 import triton
 import triton.language as tl
+
+from kernels import device as gpu
 
 L2NORM_EPS = 1e-6
 
@@ -109,42 +114,116 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
                        num_acc_ptr, o_ptr,
                        sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sa_b, sa_t, sb_b, sb_t,
                        so_b, so_t, so_h, ss_b,
-                       scale, T: tl.constexpr, HV: tl.constexpr, KV_GROUP: tl.constexpr,
-                       DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+                       scale, T: tl.constexpr, TP: tl.constexpr, HV: tl.constexpr, KV_GROUP: tl.constexpr,
+                       DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PROJ_DOT: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
+    # q, k [B, T, Hk, DK]; v, o [B, T, Hv, DV]; a, b [B, T, Hv]; state [slots, Hv, DK, DV]; slots [B, T]
+    # grid (B, Hv, DV / BV); S [DK, BV] fp32 in registers; TP >= max(T, 8) a power of 2. The token loops are
+    # unrolled and per-token values are tuples.
     bi = tl.program_id(0)
     h = tl.program_id(1)
     kh = h // KV_GROUP
     offs_k = tl.arange(0, DK)
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
-
-    col = tl.minimum(tl.maximum(tl.load(num_acc_ptr + bi) - 1, 0), T - 1)
-    first = tl.load(slots_ptr + bi * ss_b + col)
     tile = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
-    S = tl.load(state_ptr + first.to(tl.int64) * (HV * DK * DV) + tile, mask=first >= 0, other=0.0)
-    S = S.to(tl.float32)
 
+    # Every load is issued up front: a load placed after a state store (a pointer that may alias) or after a layout
+    # change (a shared-memory barrier) cannot be hoisted, and would cost each token a memory round trip. The
+    # initial slot is selected from the slot row rather than loaded through num_accepted: one dependent load less
+    # before the state load.
+    col = tl.minimum(tl.maximum(tl.load(num_acc_ptr + bi) - 1, 0), T - 1)
+    slots = ()
+    for t in tl.static_range(T):
+        slots = slots + (tl.load(slots_ptr + bi * ss_b + t),)
+    first = slots[0]
+    for t in tl.static_range(1, T):
+        first = tl.where(col == t, slots[t], first)
+    S0_ptrs = state_ptr + first.to(tl.int64) * (HV * DK * DV) + tile
+    S0 = tl.load(S0_ptrs, mask=first >= 0, other=0.0)
+    qr, kr, vs, a_s, b_s = (), (), (), (), ()
+    for t in tl.static_range(T):
+        qr = qr + (tl.load(q_ptr + bi * sq_b + t * sq_t + kh * sq_h + offs_k).to(tl.float32),)
+        kr = kr + (tl.load(k_ptr + bi * sk_b + t * sk_t + kh * sk_h + offs_k).to(tl.float32),)
+        vs = vs + (tl.load(v_ptr + bi * sv_b + t * sv_t + h * sv_h + offs_v).to(tl.float32),)
+        a_s = a_s + (tl.load(a_ptr + bi * sa_b + t * sa_t + h),)
+        b_s = b_s + (tl.load(b_ptr + bi * sb_b + t * sb_t + h),)
+    if PROJ_DOT:
+        # the A operand of the projections: raw k_t in rows t < T, raw q_t in rows TP + t
+        offs_r = tl.arange(0, 2 * TP)
+        tok = offs_r % TP
+        A = tl.load(tl.where(offs_r[:, None] >= TP, q_ptr + bi * sq_b + kh * sq_h + tok[:, None] * sq_t,
+                             k_ptr + bi * sk_b + kh * sk_h + tok[:, None] * sk_t) + offs_k[None, :],
+                    mask=tok[:, None] < T, other=0.0).to(tl.float32)
     A_log = tl.load(A_log_ptr + h).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+
+    # While the state is in flight: 1/|k_t|, scale/|q_t| (l2norm's eps), normalised k_t, q_t, decays e^g_t,
+    # cumulative log decays G_t, beta_t
+    rks, rqs, ks, qs, es, Gs, betas = (), (), (), (), (), (), ()
+    G = 0.0
     for t in tl.static_range(T):
-        qt = l2norm(tl.load(q_ptr + bi * sq_b + t * sq_t + kh * sq_h + offs_k), 0) * scale
-        kt = l2norm(tl.load(k_ptr + bi * sk_b + t * sk_t + kh * sk_h + offs_k), 0)
-        vt = tl.load(v_ptr + bi * sv_b + t * sv_t + h * sv_h + offs_v).to(tl.float32)
-        g, beta = gdn_gates(tl.load(a_ptr + bi * sa_b + t * sa_t + h), tl.load(b_ptr + bi * sb_b + t * sb_t + h),
-                            A_log, dt_bias)
-        S = S * tl.exp(g)
-        delta = (vt - tl.sum(S * kt[:, None], axis=0)) * beta
-        S = S + kt[:, None] * delta[None, :]
-        ot = tl.sum(S * qt[:, None], axis=0)
-        tl.store(o_ptr + bi * so_b + t * so_t + h * so_h + offs_v, ot.to(o_ptr.dtype.element_ty))
-        slot = tl.load(slots_ptr + bi * ss_b + t)
-        tl.store(state_ptr + slot.to(tl.int64) * (HV * DK * DV) + tile, S.to(state_ptr.dtype.element_ty),
-                 mask=slot >= 0)
+        rk = tl.rsqrt(tl.sum(kr[t] * kr[t], axis=0) + 1e-6)
+        rq = tl.rsqrt(tl.sum(qr[t] * qr[t], axis=0) + 1e-6) * scale
+        rks, rqs = rks + (rk,), rqs + (rq,)
+        ks, qs = ks + (kr[t] * rk,), qs + (qr[t] * rq,)
+        g, beta = gdn_gates(a_s[t], b_s[t], A_log, dt_bias)
+        G = G + g
+        es, Gs, betas = es + (tl.exp(g),), Gs + (G,), betas + (beta,)
+
+    S = S0.to(tl.float32)
+    if PROJ_DOT:
+        # One chunk of the chunked form. With P = [k; q] S0 (one tensor-core product, 2T projections at once)
+        #   delta_t = beta_t (v_t - e^G_t k_t.S0 - sum_{i<t} e^(G_t-G_i) (k_t.k_i) delta_i)
+        #   o_t     = e^G_t q_t.S0 + sum_{i<=t} e^(G_t-G_i) (q_t.k_i) delta_i
+        # the chain over tokens is [BV]-vector work; no reduction over DK follows the product.
+        # The scalars e^(G_t-G_i) k_t.k_i (i < t) and e^(G_t-G_i) q_t.k_i (i <= t), index t * T + i, come first.
+        kk, qk = (), ()
+        for t in tl.static_range(T):
+            for i in tl.static_range(T):
+                if i <= t:
+                    c = tl.exp(Gs[t] - Gs[i])
+                    kk, qk = kk + (c * tl.sum(ks[t] * ks[i], axis=0),), qk + (c * tl.sum(qs[t] * ks[i], axis=0),)
+                else:
+                    kk, qk = kk + (0.0,), qk + (0.0,)
+        # The product reads the state again (an L1 hit by now): fed from the first load, the shared-memory copy it
+        # needs would be placed at that load and stall all of the above behind the state's arrival.
+        S0_mma = tl.load(S0_ptrs, mask=first >= 0, other=0.0, cache_modifier=".ca").to(tl.float32)
+        P = tl.dot(A, S0_mma, input_precision=DOT_PRECISION)      # [2 TP, BV]: raw k_t.S0 rows, raw q_t.S0 rows
+        offs_r = tl.arange(0, 2 * TP)
+        ds = ()
+        for t in tl.static_range(T):
+            eG = tl.exp(Gs[t])
+            d = vs[t] - (eG * rks[t]) * tl.sum(tl.where(offs_r[:, None] == t, P, -0.0), axis=0)
+            o = (eG * rqs[t]) * tl.sum(tl.where(offs_r[:, None] == TP + t, P, -0.0), axis=0)
+            for i in tl.static_range(t):
+                d -= kk[t * T + i] * ds[i]
+                o += qk[t * T + i] * ds[i]
+            d = d * betas[t]
+            o += qk[t * T + t] * d
+            ds = ds + (d,)
+            S = S * es[t] + ks[t][:, None] * d[None, :]
+            tl.store(state_ptr + slots[t].to(tl.int64) * (HV * DK * DV) + tile, S.to(state_ptr.dtype.element_ty),
+                     mask=slots[t] >= 0)
+            tl.store(o_ptr + bi * so_b + t * so_t + h * so_h + offs_v, o.to(o_ptr.dtype.element_ty))
+    else:
+        # Token by token; k_t.S and q_t.S both from S_{t-1} (o_t = e^g_t q_t.S_{t-1} + (q_t.k_t) delta_t), so the
+        # two reductions over DK run side by side
+        for t in tl.static_range(T):
+            u = tl.sum(S * ks[t][:, None], axis=0)
+            w = tl.sum(S * qs[t][:, None], axis=0)
+            d = (vs[t] - es[t] * u) * betas[t]
+            S = S * es[t] + ks[t][:, None] * d[None, :]
+            tl.store(state_ptr + slots[t].to(tl.int64) * (HV * DK * DV) + tile, S.to(state_ptr.dtype.element_ty),
+                     mask=slots[t] >= 0)
+            o = es[t] * w + tl.sum(qs[t] * ks[t], axis=0) * d
+            tl.store(o_ptr + bi * so_b + t * so_t + h * so_h + offs_v, o.to(o_ptr.dtype.element_ty))
 
 
 def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, out=None, block_v=None,
-               num_warps=None):
+               num_warps=None, proj_dot=None):
     """Gated DeltaNet update over T = 1..8 tokens per sequence with per-position state slots (module docstring).
-    Returns o [B, T, Hv, dv]; `out` may be passed (CUDA graphs). block_v / num_warps override the tiling."""
+    Returns o [B, T, Hv, dv]; `out` may be passed (CUDA graphs). block_v / num_warps / proj_dot (projections of
+    the initial state on a tensor core, else token by token) override the defaults."""
     B, T, HK, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and a.shape == b.shape == (B, T, HV)
@@ -152,14 +231,22 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and a.stride(-1) == b.stride(-1) == 1
     assert state_slots.stride(-1) == 1 and HV % HK == 0
     o = torch.empty(B, T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
-    # V-tiles of 16 columns with one warp: 8 programs per head (dv = 128) for parallelism at B = 1; fastest on the
-    # H200 sweep at B = 1 and 8 (bench/results/kernels-gdn-sweep-h200.md: 10.0 µs vs 13.1 for 32 columns, 4 warps)
-    bv = block_v or min(16, DV)
+    # 16-column tiles on one warp while that is at most one warp per scheduler (latency-bound: 7.9 µs at B = 1 on
+    # the H200), else 64-column tiles on 4 warps (throughput: 43 / 354 µs at B = 8 / 64, against 52 / 801 on 16 / 1);
+    # bench/kernels_gdn.py --sweep
+    narrow = B * HV * triton.cdiv(DV, 16) <= 4 * gpu.num_sms(v.device)
+    bv = block_v or min(16 if narrow else 64, DV)
+    num_warps = num_warps or (1 if narrow else 4)
     assert DV % bv == 0
+    # 16-bit q, k and an fp16 state are exact in tf32: one tensor-core pass; otherwise three (fp32 accuracy)
+    exact = q.dtype != torch.float32 and state.dtype == torch.float16
+    proj_dot = (exact and T > 1 and bv >= 16 and DK >= 16) if proj_dot is None else proj_dot
+    assert not proj_dot or (bv >= 16 and DK >= 16)                    # tl.dot's smallest tile
     _gdn_verify_kernel[(B, HV, triton.cdiv(DV, bv))](
         q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0),
-        DK ** -0.5, T=T, HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv, num_warps=num_warps or 1)
+        DK ** -0.5, T=T, TP=max(8, triton.next_power_of_2(T)), HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv,
+        PROJ_DOT=proj_dot, DOT_PRECISION="tf32" if exact else "tf32x3", num_warps=num_warps)
     return o

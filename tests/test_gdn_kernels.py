@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule
 
+from bench.kernels_gdn import VERIFY_SWEEP
 from kernels.conv1d import causal_conv1d, causal_conv1d_reference
 from kernels.gdn_chunked import chunked_reference, gdn_prefill
 from kernels.gdn_recurrent import (gates_reference, gdn_verify, gdn_verify_reference, prepare_qk_reference,
@@ -68,13 +69,14 @@ def test_conv_reference_matches_full_conv():
 
 # --- verify kernel ------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("proj_dot", [False, True])
 @pytest.mark.parametrize("B,T,dk,state_dtype,in_dtype", [
     (1, 1, 16, torch.float32, torch.float32),
     (3, 5, 32, torch.float16, torch.bfloat16),
     (2, 4, 16, torch.float32, torch.float16),
     (3, 2, 32, torch.float32, torch.float32),
 ])
-def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype):
+def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype, proj_dot):
     HV, HK, DV = 4, 2, 32
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, dk, DV, in_dtype, seed=B * 10 + T)
     n_slots = B * T + 3
@@ -88,7 +90,7 @@ def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype):
     ref_pool = pool.clone()
     ref = gdn_verify_reference(q, k, v, a, b, A_log, dt_bias, ref_pool, slots, num_acc)
     out = torch.full((B, T, HV, DV), float("nan"), dtype=in_dtype, device=DEV)
-    o = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc, out=out)
+    o = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc, out=out, proj_dot=proj_dot)
     tol = 1e-5 if in_dtype == torch.float32 else 1e-2
     assert relerr(o, ref) < tol
     written = slots[slots >= 0].long()
@@ -212,16 +214,21 @@ def test_spec_rounds_match_full_sequence():
 # --- GPU, 27B shapes ----------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-def test_gpu_verify_27b():
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("proj_dot,block_v,num_warps", [(None, None, None)] + VERIFY_SWEEP)  # the benchmark's
+def test_gpu_verify_27b(proj_dot, block_v, num_warps, state_dtype):
+    if state_dtype == torch.float32 and block_v not in (None, 16):
+        pytest.skip("fp32 state: the default launch and both schemes at 16 columns")
     B, T, HV, HK, D = 3, 5, 48, 16, 128
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, D, D, torch.bfloat16)
-    pool = torch.randn(B * T + 1, HV, D, D, device=DEV).half()
+    pool = torch.randn(B * T + 1, HV, D, D, device=DEV).to(state_dtype)
     slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T).flip(1).contiguous()
     num_acc = torch.tensor([0, 3, 9], dtype=torch.int32, device=DEV)
     ref_pool = pool.clone()
     ref = gdn_verify_reference(q, k, v, a, b, A_log, dt_bias, ref_pool, slots, num_acc)
-    o = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc)
-    assert relerr(o, ref) < 1e-2 and relerr(pool, ref_pool) < 1e-3
+    o = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc, block_v=block_v, num_warps=num_warps,
+                   proj_dot=proj_dot)
+    assert relerr(o, ref) < 1e-2 and relerr(pool, ref_pool) < (1e-3 if state_dtype == torch.float16 else 1e-5)
 
 
 @pytest.mark.gpu
