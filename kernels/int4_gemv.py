@@ -204,7 +204,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # Per row bucket (upper bound inclusive): columns per CTA, warps per CTA, and how many CTAs per SM split-K aims
 # for (these CTAs use ~128 registers per thread, so 8 of 2 warps fit an SM). From an H200 sweep at the 27B
 # shapes (bench/kernels_int4.py --sweep): one row prefers wider tiles, a verify step's 5 rows more CTAs.
-ROW_BUCKETS = ((2, dict(block_n=128, warps=2, ctas_per_sm=8)), (16, dict(block_n=64, warps=2, ctas_per_sm=12)))
+ROW_BUCKETS = ((1, dict(block_n=128, warps=2, ctas_per_sm=8)), (16, dict(block_n=64, warps=2, ctas_per_sm=12)))
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
