@@ -1,14 +1,15 @@
 """Sampler at the 248,320 vocabulary, bf16 logits shaped like an LM's (a Gaussian bulk plus a few dozen strong
-tokens): sample() per parameter set and row count, rejection_sample for B sequences × k = 4 drafts (with the
-draft descriptors from sample_drafts, and recomputing them), and the torch peers (topk + softmax + multinomial;
-full-sort top-p). Bytes counted: one read of the logits the call consumes (every row pass after the first hits L2).
-SAMPLER_SWEEP=1 adds a launch-configuration sweep and a per-kernel breakdown (torch profiler)."""
+tokens): sample() per parameter set and row count; one verify step, "5 rows + rejection" (B1 k4: sampling the
+target's B·(k+1) rows and the accept/residual/bonus pass, i.e. everything rejection_sample launches, with the draft
+descriptors from sample_drafts) and the same with the descriptors recomputed and for B8; the torch peers (topk +
+softmax + multinomial; full-sort top-p). Bytes counted: one read of the logits the call consumes (every row pass
+after the first hits L2). `--sweep` prints a compact table: the main rows, launch-configuration variants and a
+per-kernel breakdown (torch profiler)."""
 import dataclasses
-import os
 
 import torch
 
-from bench.harness import row, time_us
+from bench.harness import row, suite_main, time_us
 from kernels.sampler import (RejectionWorkspace, SamplerConfig, SamplerWorkspace, SamplingTensors, rejection_sample,
                              sample, sample_drafts)
 
@@ -35,24 +36,33 @@ def params_for(R, t, k, p):
     return SamplingTensors.of([t] * R, [k] * R, [p] * R, DEV)
 
 
-def sample_case(name, R, tkp, peak, cfg=SamplerConfig(), label="sample"):
+def sample_step(R, tkp, cfg=SamplerConfig()):
+    """A timed callable: sample() of R rows."""
     logits, params, (seed, off) = llm_logits(R), params_for(R, *tkp), rng()
     ws = SamplerWorkspace(R, V, DEV, cfg)
-    us = time_us(lambda: sample(logits, params, seed, off, ws))
-    return row(f"{label} {name}", f"{R}x{V}", us, R * V * 2, 0, peak)
+    return lambda: sample(logits, params, seed, off, ws)
 
 
-def rejection_case(B, with_q, peak):
+def sample_case(name, R, tkp, peak, cfg=SamplerConfig(), label="sample"):
+    return row(f"{label} {name}", f"{R}x{V}", time_us(sample_step(R, tkp, cfg)), R * V * 2, 0, peak)
+
+
+def verify_step(B, with_q, cfg=SamplerConfig()):
+    """A timed callable: one verify step of B sequences with K drafts (rejection_sample on given drafts)."""
     target, draft = llm_logits(B * (K + 1), 1).view(B, K + 1, V), llm_logits(B * K, 2).view(B, K, V)
     params, (seed, off) = params_for(B, *QWEN), rng()
-    dws = SamplerWorkspace(B, V, DEV)
+    dws = SamplerWorkspace(B, V, DEV, cfg)
     steps = [sample_drafts(draft[:, i].contiguous(), params, seed, off, dws) for i in range(K)]
     ids = torch.stack([s[0].clone() for s in steps], 1)
     desc = torch.stack([s[1].clone() for s in steps], 1)
-    ws = RejectionWorkspace(B, K, V, V, DEV)
-    us = time_us(lambda: rejection_sample(target, draft, ids, params, seed, off, ws, desc if with_q else None))
-    return row("rejection_sample" + (" (q given)" if with_q else " (q recomputed)"), f"B{B} k{K} V{V}", us,
-               B * (2 * K + 1) * V * 2, 0, peak, rows_sampled=B * (K + 1))
+    ws = RejectionWorkspace(B, K, V, V, DEV, cfg)
+    return lambda: rejection_sample(target, draft, ids, params, seed, off, ws, desc if with_q else None)
+
+
+def rejection_case(B, with_q, peak, cfg=SamplerConfig(), label=""):
+    us = time_us(verify_step(B, with_q, cfg))
+    name = f"{label}{B * (K + 1)} rows + rejection" + ("" if with_q else " (q recomputed)")
+    return row(name, f"B{B} k{K} V{V}", us, B * (2 * K + 1) * V * 2, 0, peak, rows_sampled=B * (K + 1))
 
 
 def time_any(fn):
@@ -98,32 +108,68 @@ def peers(peak):
     return out
 
 
-def sweep(peak):
-    rows = []
-    base = SamplerConfig()
-    variants = [dict(block=2048), dict(pivots=16), dict(levels=2)]
-    for change in variants:
-        cfg = dataclasses.replace(base, **change)
-        tag = ",".join(f"{k}={v}" for k, v in change.items())
-        for name, R, tkp in (CASES[0], CASES[1], CASES[5]):
-            rows.append(sample_case(name, R, tkp, peak, cfg, label=f"sweep[{tag}]"))
-    # where the time goes: per-kernel device time of the default configuration, one row, Qwen parameters
-    logits, params, (seed, off) = llm_logits(1), params_for(1, *QWEN), rng()
-    ws = SamplerWorkspace(1, V, DEV)
-    sample(logits, params, seed, off, ws)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(50):
-            sample(logits, params, seed, off, ws)
-        torch.cuda.synchronize()
-    for ev in prof.key_averages():
-        if ev.key.endswith("_kernel") and ev.count >= 50:
-            rows.append(row(f"stage {ev.key}", f"1x{V}", ev.device_time_total / ev.count, 0, 0, peak))
-    return rows
+def main_rows(peak_Bps):
+    rows = [sample_case(name, R, tkp, peak_Bps) for name, R, tkp in CASES]
+    return rows + [rejection_case(1, True, peak_Bps), rejection_case(1, False, peak_Bps),
+                   rejection_case(8, True, peak_Bps)]
 
 
 def run(peak_Bps):
-    rows = [sample_case(name, R, tkp, peak_Bps) for name, R, tkp in CASES]
-    rows += [rejection_case(1, True, peak_Bps), rejection_case(1, False, peak_Bps), rejection_case(8, True, peak_Bps)]
-    if os.environ.get("SAMPLER_SWEEP"):
-        rows += sweep(peak_Bps)
-    return rows + peers(peak_Bps)   # last: a peer that cannot be graph-captured must not disturb the others
+    return main_rows(peak_Bps) + peers(peak_Bps)   # peers last: one that cannot be captured must not disturb others
+
+
+def show(r):
+    print(f"{r['kernel']:58s} {r['shape']:20s} {r['us']:9.2f} us", flush=True)
+
+
+def same_results(cfg):
+    """ids and descriptors of `cfg` equal the default configuration's (same seed and offset)."""
+    t, k, p = zip(*(tkp for _, _, tkp in CASES))
+    logits, params = llm_logits(len(t)), SamplingTensors.of(list(t), list(k), list(p), DEV)
+    out = []
+    for c in (SamplerConfig(), cfg):
+        seed, off = rng()
+        ids, desc = sample(logits, params, seed, off, SamplerWorkspace(len(t), V, DEV, c))
+        out.append((ids.clone(), desc.clone(), off.item()))
+    return torch.equal(out[0][0], out[1][0]) and torch.allclose(out[0][1], out[1][1], rtol=1e-5) and out[1][2] == 1
+
+
+def sweep(peak):
+    """Main rows, where the time goes (per-kernel device time, torch profiler), then variants of the launch
+    configuration on the rows the targets name."""
+    rows = []
+    for r in main_rows(peak):
+        show(r)
+        rows.append(r)
+    for what, fn in [("1 row", sample_step(1, QWEN)), ("5 rows + rejection", verify_step(1, True))]:
+        fn()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+        for ev in prof.key_averages():
+            if ev.key.endswith("_kernel") and ev.count >= 50:
+                rows.append(row(f"stage ({what}) {ev.key} x{ev.count // 50}", f"1x{V}",
+                                ev.device_time_total / ev.count, 0, 0, peak))
+                show(rows[-1])
+    for change in VARIANTS:
+        cfg = dataclasses.replace(SamplerConfig(), **change)
+        tag = "[" + ",".join(f"{k}={v}" for k, v in change.items()) + "] "
+        try:
+            same = same_results(cfg)
+            for name, R, tkp in (CASES[0], CASES[5], CASES[7]):
+                rows.append(sample_case(name, R, tkp, peak, cfg, label=tag + "sample"))
+                show(rows[-1])
+            rows.append(rejection_case(1, True, peak, cfg, label=tag))
+            show(rows[-1])
+            print(f"{tag}results equal the default's: {same}", flush=True)
+        except Exception as e:   # e.g. a configuration that does not build
+            print(f"{tag}failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    return rows
+
+
+VARIANTS = [dict(block=2048), dict(pivots=16), dict(levels=2)]
+
+
+if __name__ == "__main__":
+    suite_main(run, sweep, __doc__)
