@@ -32,6 +32,7 @@ from kernels.splitk import workspace
 from layers.quant import Int4Weight
 
 MAX_ROWS = 16
+PDL = True              # programmatic dependent launch on sm_90+ (see the kernel)
 
 
 def _log2(v: int) -> int:
@@ -141,7 +142,7 @@ def _group_product(q, xg, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: gl.con
 @gluon.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_om,
                       w_layout: gl.constexpr, x_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-                      W: gl.constexpr, SPLIT: gl.constexpr, EVEN_N: gl.constexpr):
+                      W: gl.constexpr, SPLIT: gl.constexpr, EVEN_N: gl.constexpr, PDL: gl.constexpr):
     # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/8, N], s [K/128, N], out [M, N] (any float dtype);
     # grid (cdiv(N, BN), split-K count); ws fp32 [M·N] and cnt int32 [tiles] zeroed (kernels/splitk.py)
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
@@ -178,7 +179,17 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     acc = gl.zeros([BN, BT], gl.float32, mma)
     # registers hold the next group while this one is computed: no shared memory, no barrier. The last
     # iteration reloads its own group instead of masking the prefetch (no predicates in the loop).
-    nxt = _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, g_lo, N)
+    if PDL:
+        # Programmatic dependent launch (sm_90): let the next kernel's CTAs start as ours retire, and start our
+        # weight stream — constants — while the previous kernel finishes; wait for it only before reading x.
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+        q0 = _load(w_ptrs + g_lo * 16 * N, w_ok)
+        s0 = _load(s_ptrs + g_lo * N, s_ok)
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        nxt = q0, gl.load(x_ptrs + g_lo * 128, mask=x_ok, other=0.0), s0
+    else:
+        nxt = _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, g_lo, N)
     for g in range(g_lo, g_hi):
         q, xg, s = nxt
         nxt = _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, gl.minimum(g + 1, g_hi - 1), N)
@@ -224,7 +235,7 @@ def pick(m: int, n: int, k: int, device, **override) -> dict:
 
 
 def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = None, warps: int = None,
-              split_k: int = None) -> torch.Tensor:
+              split_k: int = None, pdl: bool = None) -> torch.Tensor:
     """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype); tile parameters default to pick()."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
@@ -233,12 +244,13 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
     assert m <= MAX_ROWS and x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
     given = {key: v for key, v in dict(block_n=block_n, warps=warps, split_k=split_k).items() if v is not None}
     p = pick(m, n, k, x.device, **given)
+    pdl = PDL and gpu.capability(x.device) >= (9, 0) if pdl is None else pdl
     bt = 8 if m <= 8 else 16
     tiles = triton.cdiv(n, p["block_n"])
     ws, cnt = workspace(x.device, m * n if p["split_k"] > 1 else 1, tiles)
     w_layout, x_layout = layouts(p["block_n"], bt, p["warps"])
     _int4_gemv_kernel[(tiles, p["split_k"])](
         x2, w.qweight, w.scales, out2, ws, cnt, m, n, k, x2.stride(0), out2.stride(0),
-        w_layout, x_layout, p["block_n"], bt, p["warps"], p["split_k"] > 1, n % p["block_n"] == 0,
-        num_warps=p["warps"])
+        w_layout, x_layout, p["block_n"], bt, p["warps"], p["split_k"] > 1, n % p["block_n"] == 0, pdl,
+        num_warps=p["warps"], launch_pdl=pdl)
     return out
