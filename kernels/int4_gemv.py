@@ -13,9 +13,15 @@ busy at ~70% while DRAM ran at ~30%. Here nothing goes through shared memory and
   1024 + q); the mma's k order inside a 32-wide chunk is therefore permuted (slot 16·jhi + 8·jlo + 2·t + e holds
   k = 8·t + 4·e + 2·jhi + jlo for lane-in-quad t and j = 2·jhi + jlo), and the activations are loaded in that
   same order: each thread's 8 values are 8 consecutive k (one 16-byte load), permuted in registers.
-* Exact codes in the mma, the group's partial sum scaled once per group in fp32 (like int4_linear's GEMV form).
+* Exact codes in the mma (offset by 128, the offset removed through a ones-operand mma of x: one subtract per
+  pair of weights less), the group's partial sum scaled once per group in fp32 (like int4_linear's GEMV form).
 * The next group's words, scales and activations are loaded before this group is computed (registers, no
-  shared memory); many small CTAs per SM keep enough bytes in flight.
+  shared memory); many small CTAs per SM keep bytes in flight. On sm_90 the launch is a programmatic dependent
+  launch: the first group's weights stream while the previous kernel finishes.
+Measured on the H200 (bench/results/kernels-h200.md): 0.45-0.67 of the copy bandwidth at M = 1, 0.40-0.59 at
+M = 5, 2-2.7x the Triton kernel; still latency-bound (ncu: half the warp cycles wait on loads). Tried and not
+kept: two register buffers (unrolled by two), L2 prefetch instructions (plain and bulk); a word layout
+[K/128, N, 4, 4] that makes the loads 16-byte measured +3-10% (a layout change the GEMM path would have to share).
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
