@@ -33,9 +33,10 @@ class SamplingParams:
 
 
 def scaled_logits(logits, temperature):
-    """logits [R, V], temperature [R] -> logits / T in fp32 (greedy rows, T <= 0, unscaled)."""
+    """logits [R, V], temperature [R] -> logits · (1/T) in fp32 (greedy rows, T <= 0, unscaled). A product with the
+    correctly rounded reciprocal, as the kernels compute it, so kernels and reference see the same values."""
     t = temperature.float().to(logits.device)
-    return logits.float() / torch.where(t > 0, t, torch.ones_like(t))[:, None]
+    return logits.float() * (1.0 / torch.where(t > 0, t, torch.ones_like(t)))[:, None]
 
 
 def support(logits, temperature, top_k, top_p):

@@ -85,7 +85,8 @@ def _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V):
     k = tl.load(topk_ptr + pr).to(tl.int32)
     p = tl.load(topp_ptr + pr).to(tl.float32)
     sampled = t > 0.0
-    inv_t = 1.0 / tl.where(sampled, t, 1.0)
+    # the correctly rounded reciprocal, as engine/sampling.scaled_logits (Triton's `/` is approximate on GPUs)
+    inv_t = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.where(sampled, t, 1.0))
     return inv_t, k, p, sampled, sampled & (k > 0) & (k < V), sampled & (p < 1.0)
 
 

@@ -90,6 +90,7 @@ def tie_heavy_logits(R, V, dtype, seed):
 PARAMS = [  # (temperature, top_k, top_p): greedy, untruncated, each filter alone, both, extremes
     (0.0, 0, 1.0), (1.0, 0, 1.0), (1.0, 20, 1.0), (0.5, 0, 0.9), (1.0, 20, 0.95), (2.0, 5, 0.5), (1.0, 1, 1.0),
     (0.5, 0, 0.3), (2.0, 150, 0.99), (1.0, 37, 0.0), (0.25, 3, 0.8), (1.0, 0, 0.999),
+    (0.7, 20, 0.95), (1.3, 0, 0.9),     # 1/T inexact: kernels and reference must round the same way
 ]
 
 
@@ -107,6 +108,15 @@ def test_support_descriptor_and_paths(cfg, dtype):
         assert "fallback" in seen and "tie" in seen, seen
     if cfg is SMALL:
         assert "cand" in seen, seen
+
+
+def test_temperature_rounds_like_the_reference():
+    # two adjacent fp32 logits that tie after x / 1.3 but not after x · RN(1/1.3): the top-k = 1 tie group (and so the
+    # support) depends on how the temperature is applied, and kernels and reference must apply it the same way
+    x1 = 3.9827160835266113
+    row = torch.full((1, 120), -5.0)
+    row[0, 7], row[0, 50] = x1, torch.nextafter(torch.tensor(x1), torch.tensor(9.0)).item()
+    check_rows(row.to(DEV), S.SamplingTensors.of([1.3], [1], [1.0], DEV), SMALL)
 
 
 def test_greedy_first_argmax_and_equal_logits():
