@@ -41,14 +41,8 @@ def int4_bytes(m, n, k, act_bytes=2):
     return n * k // 2 + n * (k // 128) * 2 + m * k * act_bytes + m * n * 2
 
 
-def time_gemv(m, n, k, params):
-    weights = rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    return time_us(lambda: gemv.int4_gemv(x, weights(), out, **params))
-
-
-def time_ours(m, n, k, a8=False, cfg=None):
+def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None):
+    """int4_linear (cfg forces the Triton kernel), w4a8_linear (a8), or int4_gemv with explicit gemv_params."""
     weights = rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     if a8:
@@ -56,6 +50,8 @@ def time_ours(m, n, k, a8=False, cfg=None):
         s_a = torch.rand(m, device="cuda")
         return time_us(lambda: w4a8_linear(x, s_a, weights(), out=out, cfg=cfg))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    if gemv_params is not None:
+        return time_us(lambda: gemv.int4_gemv(x, weights(), out, **gemv_params))
     return time_us(lambda: int4_linear(x, weights(), out=out, cfg=cfg))
 
 
@@ -144,10 +140,10 @@ GEMV_VARIANTS = [dict(block_n=bn, warps=w, ctas_per_sm=c) for bn, w, c in
 def sweep(peak_Bps: float) -> list:
     rows = []
     for (name, n, k), m in itertools.product(SHAPES, (1, 5, 16)):
-        configs = [gemv.pick(m, n, k, torch.device("cuda"), **v) | {"c": v["ctas_per_sm"]} for v in GEMV_VARIANTS]
-        rows += best_of(configs, lambda p: time_gemv(m, n, k, {key: v for key, v in p.items() if key != "c"}),
-                        lambda p, us: row("int4_gemv", f"{name} {n}x{k} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k,
-                                          peak_Bps, config=_gemv_str(p) + f" c{p['c']}"), show=4)
+        configs = [(gemv.pick(m, n, k, torch.device("cuda"), **v), v["ctas_per_sm"]) for v in GEMV_VARIANTS]
+        rows += best_of(configs, lambda c: time_ours(m, n, k, gemv_params=c[0]),
+                        lambda c, us: row("int4_gemv", f"{name} {n}x{k} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k,
+                                          peak_Bps, config=_gemv_str(c[0]) + f" c{c[1]}"), show=4)
     cases = [([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, GEMM_VARIANTS, False),
              ([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, A8_VARIANTS, True)]
     for shapes, ms, variants, a8 in cases:

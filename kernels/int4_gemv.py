@@ -34,11 +34,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from kernels import device as gpu
-from kernels.splitk import workspace
+from kernels.splitk import split_count, workspace
 from layers.quant import Int4Weight
 
 MAX_ROWS = 16
-PDL = True              # programmatic dependent launch on sm_90+ (see the kernel)
 
 
 def _log2(v: int) -> int:
@@ -126,9 +125,14 @@ def _load(ptrs, mask):
 
 
 @gluon.jit
-def _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, g, N):
-    """Group g's words, activations and scales."""
-    return _load(w_ptrs + g * 16 * N, w_ok), gl.load(x_ptrs + g * 128, mask=x_ok, other=0.0), _load(s_ptrs + g * N, s_ok)
+def _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, g, N, WAIT: gl.constexpr = False):
+    """Group g's words, activations and scales. WAIT: the weights and scales (constants) are requested first,
+    then the grid waits for the previous kernel (programmatic dependent launch), which may write x."""
+    q = _load(w_ptrs + g * 16 * N, w_ok)
+    s = _load(s_ptrs + g * N, s_ok)
+    if WAIT:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    return q, gl.load(x_ptrs + g * 128, mask=x_ok, other=0.0), s
 
 
 @gluon.jit
@@ -187,15 +191,10 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     # iteration reloads its own group instead of masking the prefetch (no predicates in the loop).
     if PDL:
         # Programmatic dependent launch (sm_90): let the next kernel's CTAs start as ours retire, and start our
-        # weight stream — constants — while the previous kernel finishes; wait for it only before reading x.
+        # weight stream while the previous kernel finishes (_load_group waits for it only before reading x).
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
-        q0 = _load(w_ptrs + g_lo * 16 * N, w_ok)
-        s0 = _load(s_ptrs + g_lo * N, s_ok)
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        nxt = q0, gl.load(x_ptrs + g_lo * 128, mask=x_ok, other=0.0), s0
-    else:
-        nxt = _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, g_lo, N)
+    nxt = _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, g_lo, N, PDL)
     for g in range(g_lo, g_hi):
         q, xg, s = nxt
         nxt = _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, gl.minimum(g + 1, g_hi - 1), N)
@@ -234,14 +233,13 @@ def supports(x: torch.Tensor, w: Int4Weight) -> bool:
 def pick(m: int, n: int, k: int, device, **override) -> dict:
     """Launch parameters for m rows: the bucket's tile, and a split-K that fills the GPU about once."""
     p = dict(next(p for bound, p in ROW_BUCKETS if m <= bound), **override)
-    groups = k // 128
-    want = max(1, min(p.pop("ctas_per_sm") * gpu.num_sms(device) // triton.cdiv(n, p["block_n"]), groups // 2))
-    p.setdefault("split_k", triton.cdiv(groups, triton.cdiv(groups, want)))   # no empty split
+    c = p.pop("ctas_per_sm")
+    p.setdefault("split_k", split_count(triton.cdiv(n, p["block_n"]), k // 128, c, gpu.num_sms(device)))
     return p
 
 
 def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = None, warps: int = None,
-              split_k: int = None, pdl: bool = None) -> torch.Tensor:
+              split_k: int = None) -> torch.Tensor:
     """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype); tile parameters default to pick()."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
@@ -250,7 +248,7 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
     assert m <= MAX_ROWS and x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
     given = {key: v for key, v in dict(block_n=block_n, warps=warps, split_k=split_k).items() if v is not None}
     p = pick(m, n, k, x.device, **given)
-    pdl = PDL and gpu.capability(x.device) >= (9, 0) if pdl is None else pdl
+    pdl = gpu.capability(x.device) >= (9, 0)                       # griddepcontrol is sm_90+
     bt = 8 if m <= 8 else 16
     tiles = triton.cdiv(n, p["block_n"])
     ws, cnt = workspace(x.device, m * n if p["split_k"] > 1 else 1, tiles)

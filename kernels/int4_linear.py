@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu
-from kernels.splitk import store_tile, workspace
+from kernels.splitk import split_count, store_tile, workspace
 from layers.quant import Int4Weight
 
 try:                            # Gluon is experimental in Triton: without it, this kernel serves every call
@@ -250,9 +250,6 @@ M_BUCKETS = (
     (64, dict(block_m=64, block_n=128, num_warps=4, num_stages=3, weights_a=True, ctas_per_sm=2)),
     (None, dict(block_m=128, block_n=128, num_warps=8, num_stages=3, weights_a=True, ctas_per_sm=1)),
 )
-MIN_GROUPS_PER_SPLIT = 2
-
-
 def pick_config(m: int, n: int, k: int, device, **override) -> Config:
     """Tile table by M bucket (entries can be overridden, e.g. by the benchmark's sweep); split-K only where the
     output tiles alone leave the GPU under-filled, and never with an empty split. Without wgmma (sm_8x) the
@@ -262,10 +259,7 @@ def pick_config(m: int, n: int, k: int, device, **override) -> Config:
     if gpu.capability(device) < (9, 0) and p["block_m"] > 16:          # no wgmma
         p.update(weights_a=False, block_m=64, num_warps=8)
     tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, p["block_n"])
-    groups = k // GROUP
-    # at most one wave: a partial second wave doubles the time (seen: 512 CTAs on 396 slots, 40 → 32 µs at 1 wave)
-    want = max(1, min(p["ctas_per_sm"] * gpu.num_sms(device) // tiles, groups // MIN_GROUPS_PER_SPLIT))
-    split = triton.cdiv(groups, triton.cdiv(groups, want))
+    split = split_count(tiles, k // GROUP, p["ctas_per_sm"], gpu.num_sms(device))
     return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["weights_a"])
 
 
