@@ -2,11 +2,10 @@
 verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state), conv update (T = 5) and prefill, chunked prefill at
 4k tokens. Bytes counted: verify = read 1 state + write T states + q, k, v, a, b + o; conv = x + y + state read
 and written; prefill = inputs + o + state read and written (its fp32 W/U workspace is overhead, not counted).
-GDN_SWEEP=1 (or `python -m bench.kernels_gdn --sweep`, verify only) adds launch-configuration sweeps (verify:
-scheme, V-tile, warps; prefill: V-tile, warps). Beside the B = 1 verify rows, the floor of the same harness: a copy
+`python -m bench.kernels_gdn --sweep` times launch configurations instead (verify: scheme, V-tile, warps;
+prefill: V-tile, warps). Beside the B = 1 verify rows, the floor of the same harness: a copy
 moving the verify's bytes (a memcpy node and a copy kernel) and an empty Triton kernel."""
 import itertools
-import os
 
 import torch
 import triton
@@ -121,12 +120,11 @@ def prefill_rows(peak, sweep, L=4096):
 
 
 def run(peak_Bps):
-    sweep = os.environ.get("GDN_SWEEP") == "1"
-    return verify_rows(peak_Bps, sweep) + conv_rows(peak_Bps) + prefill_rows(peak_Bps, sweep)
+    return verify_rows(peak_Bps, False) + conv_rows(peak_Bps) + prefill_rows(peak_Bps, False)
 
 
 def sweep(peak_Bps):
-    rows = verify_rows(peak_Bps, True)
+    rows = verify_rows(peak_Bps, True) + prefill_rows(peak_Bps, True)
     print(f"\n{'kernel':34s} {'shape':22s} {'us':>8s} {'roofline':>8s} {'frac':>6s}")
     for r in rows:
         print(f"{r['kernel']:34s} {r['shape']:22s} " + (f"{r['us']:8.2f} {r['roofline_us']:8.2f} {r['frac_peak']:6.3f}"
