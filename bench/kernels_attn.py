@@ -1,14 +1,14 @@
 """Attention kernels at the 27B shapes (Hq 24, Hkv 4, D 256): split-KV verify (q_len 5) over fp8 / bf16 KV for
 B ∈ {1, 8, 64} × ctx {1.5k, 16k, 64k}, torch SDPA as the peer at B = 1, the KV writer and prefill.
 Bytes counted: the KV the attention must read (all kv_lens × Hkv × D × 2 tensors) plus q and out; partials and
-the combine are overhead. ATTN_SWEEP=1 adds a launch-configuration sweep (tiles, warps, segments)."""
+the combine are overhead. `python -m bench.kernels_attn --sweep` times launch configurations instead (tiles, warps,
+segments)."""
 import itertools
-import os
 
 import torch
 import torch.nn.functional as F
 
-from bench.harness import measure_bandwidth, row, time_us
+from bench.harness import measure_bandwidth, row, suite_main, time_us
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
                                       kv_format, verify_attention)
@@ -140,14 +140,26 @@ def write_and_prefill_rows(peak):
     return rows_out
 
 
-def run(peak_Bps):
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows_out = verify_rows(peak_Bps, sms) + write_and_prefill_rows(peak_Bps)
-    if os.environ.get("ATTN_SWEEP") == "1":
-        rows_out += sweep_rows(peak_Bps)
-    # these kernels only read (KV) in bulk: also give the fraction of the measured read bandwidth
+def with_read_fraction(rows_out):
+    """These kernels only read (KV) in bulk: also give the fraction of the measured read bandwidth."""
     read_Bps = measure_bandwidth()["read_Bps"]
     for r in rows_out:
         r["frac_read"] = round(r["bytes"] / (r["us"] * 1e-6) / read_Bps, 3)
     return rows_out
+
+
+def run(peak_Bps):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return with_read_fraction(verify_rows(peak_Bps, sms) + write_and_prefill_rows(peak_Bps))
+
+
+def sweep(peak_Bps):
+    rows_out = with_read_fraction(sweep_rows(peak_Bps))
+    for r in rows_out:
+        print(f"{r['kernel']:24s} {r['shape']:34s} {r['us']:9.2f} us  {r['frac_peak']:.3f}")
+    return rows_out
+
+
+if __name__ == "__main__":
+    suite_main(run, sweep, __doc__)
 
