@@ -118,3 +118,8 @@ def reference_model(model_dir, dtype=torch.float32):
     """transformers' Qwen3_5ForCausalLM for the checkpoint (ignores mtp.* and the vision tower)."""
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+
+
+def rel_err(out, ref) -> float:
+    """Relative error of a kernel output against its reference, in the 2-norm over all elements (fp32)."""
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()

@@ -10,14 +10,11 @@ from kernels.attention_verify import (KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials
                                       verify_attention)
 from kernels.fp8 import decode_e4m3, decode_e4m3_ref, encode_e4m3, encode_e4m3_ref
 from kernels.kv_write import kv_scales_from, write_kv, write_kv_ref
+from tests.fixtures import rel_err
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ALL_CODES = torch.arange(256, dtype=torch.uint8)
 NAN_CODES = (0x7F, 0xFF)
-
-
-def rel_err(out, ref):
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def max_rel(out, ref):

@@ -10,12 +10,9 @@ from kernels.conv1d import causal_conv1d, causal_conv1d_reference
 from kernels.gdn_chunked import chunked_reference, gdn_prefill
 from kernels.gdn_recurrent import (gates_reference, gdn_verify, gdn_verify_reference, prepare_qk_reference,
                                    recurrent_reference)
+from tests.fixtures import rel_err
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def relerr(out, ref):
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def gdn_inputs(B, T, HV, HK, DK, DV, dtype=torch.float32, seed=0):
@@ -48,13 +45,13 @@ def test_references_match_transformers():
     hf_o, hf_s = torch_recurrent_gated_delta_rule(rep(q), rep(k), v, g, beta, initial_state=init,
                                                   output_final_state=True, use_qk_l2norm_in_kernel=True)
     o, s = seq_reference(q, k, v, a, b, A_log, dt_bias, init)
-    assert relerr(o, hf_o) < 1e-6 and relerr(s, hf_s) < 1e-6
+    assert rel_err(o, hf_o) < 1e-6 and rel_err(s, hf_s) < 1e-6
     qn, kn = prepare_qk_reference(q, k, 4)
     co, cs = chunked_reference(qn, kn, v, g, beta, init, chunk=16)
     hc_o, hc_s = torch_chunk_gated_delta_rule(rep(q), rep(k), v, g, beta, chunk_size=16, initial_state=init,
                                               output_final_state=True, use_qk_l2norm_in_kernel=True)
-    assert relerr(co, hf_o) < 1e-5 and relerr(cs, hf_s) < 1e-5
-    assert relerr(hc_o, co) < 1e-5
+    assert rel_err(co, hf_o) < 1e-5 and rel_err(cs, hf_s) < 1e-5
+    assert rel_err(hc_o, co) < 1e-5
 
 
 def test_conv_reference_matches_full_conv():
@@ -63,7 +60,7 @@ def test_conv_reference_matches_full_conv():
     state = torch.zeros(2, 24, 3 + 2, device=DEV)
     y = causal_conv1d_reference(x, w, state, torch.tensor([1, 0]))
     full = F.silu(F.conv1d(F.pad(x.transpose(1, 2), (3, 0)), w[:, None, :], groups=24)).transpose(1, 2)
-    assert relerr(y, full) < 1e-6
+    assert rel_err(y, full) < 1e-6
     assert torch.equal(state[1], x[0, -5:].T) and torch.equal(state[0], x[1, -5:].T)
 
 
@@ -92,9 +89,9 @@ def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype, proj_dot):
     out = torch.full((B, T, HV, DV), float("nan"), dtype=in_dtype, device=DEV)
     o = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc, out=out, proj_dot=proj_dot)
     tol = 1e-5 if in_dtype == torch.float32 else 1e-2
-    assert relerr(o, ref) < tol
+    assert rel_err(o, ref) < tol
     written = slots[slots >= 0].long()
-    assert relerr(pool[written], ref_pool[written]) < (1e-5 if state_dtype == torch.float32 else 1e-3)
+    assert rel_err(pool[written], ref_pool[written]) < (1e-5 if state_dtype == torch.float32 else 1e-3)
     untouched = torch.ones(n_slots, dtype=torch.bool)
     untouched[written.cpu()] = False
     assert torch.equal(pool[untouched.to(DEV)], ref_pool[untouched.to(DEV)])
@@ -115,7 +112,7 @@ def test_verify_strided_inputs_and_decode_steps():
     ones = torch.ones(B, dtype=torch.int32, device=DEV)
     o = torch.cat([gdn_verify(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], a[:, t:t + 1], b[:, t:t + 1], A_log,
                               dt_bias, pool, slots, ones) for t in range(L)], 1)
-    assert relerr(o, ref_o) < 1e-5 and relerr(pool, ref_s) < 1e-5
+    assert rel_err(o, ref_o) < 1e-5 and rel_err(pool, ref_s) < 1e-5
 
 
 # --- chunked prefill kernel ---------------------------------------------------------------------------------------
@@ -137,8 +134,8 @@ def test_prefill_matches_recurrence(L, chunk, dk, state_dtype):
     out = torch.full((B, L, HV, DV), float("nan"), device=DEV)
     o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, init_slots, final_slots, out=out, chunk=chunk)
     tol = 2e-3                                                      # fp16 dot operands (10-bit mantissa)
-    assert relerr(o, ref_o) < tol
-    assert relerr(pool[2], ref_s[0]) < tol and relerr(pool[0], ref_s[1]) < tol
+    assert rel_err(o, ref_o) < tol
+    assert rel_err(pool[2], ref_s[0]) < tol and rel_err(pool[0], ref_s[1]) < tol
     assert torch.equal(pool[1], before[1]) and torch.equal(pool[3], before[3])
 
 
@@ -164,7 +161,7 @@ def test_conv_matches_reference(L, k_drafts, use_na, x_dtype, state_dtype):
     ref = causal_conv1d_reference(x, w, ref_state, slots, na)
     out = torch.full_like(x, float("nan"))
     y = causal_conv1d(x, w, state, slots, na, out=out)
-    assert relerr(y, ref) < (1e-5 if x_dtype == torch.float32 else 1e-2)
+    assert rel_err(y, ref) < (1e-5 if x_dtype == torch.float32 else 1e-2)
     assert torch.equal(state, ref_state)
 
 
@@ -208,7 +205,7 @@ def test_spec_rounds_match_full_sequence():
     full_y = causal_conv1d_reference(x_true[:, :pos], w, torch.zeros(1, C, K - 1, device=DEV),
                                      torch.zeros(1, dtype=torch.int32))
     ref_o, _ = seq_reference(*mixer_inputs(full_y, ab_true[:, :pos]), A_log, dt_bias)
-    assert relerr(torch.cat(outs, 1), ref_o) < 2e-3                 # the prefill's fp16 dot operands
+    assert rel_err(torch.cat(outs, 1), ref_o) < 2e-3                 # the prefill's fp16 dot operands
 
 
 # --- GPU, 27B shapes ----------------------------------------------------------------------------------------------
@@ -228,7 +225,7 @@ def test_gpu_verify_27b(proj_dot, block_v, num_warps, state_dtype):
     ref = gdn_verify_reference(q, k, v, a, b, A_log, dt_bias, ref_pool, slots, num_acc)
     o = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc, block_v=block_v, num_warps=num_warps,
                    proj_dot=proj_dot)
-    assert relerr(o, ref) < 1e-2 and relerr(pool, ref_pool) < (1e-3 if state_dtype == torch.float16 else 1e-5)
+    assert rel_err(o, ref) < 1e-2 and rel_err(pool, ref_pool) < (1e-3 if state_dtype == torch.float16 else 1e-5)
 
 
 @pytest.mark.gpu
@@ -240,7 +237,7 @@ def test_gpu_prefill_27b():
     slot = torch.zeros(1, dtype=torch.int32, device=DEV)
     o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, slot, slot + 1)
     # tf32 dots along the state chain; bf16 output
-    assert relerr(o, ref_o) < 1e-2 and relerr(pool[1], ref_s[0]) < 1e-2
+    assert rel_err(o, ref_o) < 1e-2 and rel_err(pool[1], ref_s[0]) < 1e-2
 
 
 @pytest.mark.gpu
@@ -255,4 +252,4 @@ def test_gpu_conv_27b(L, use_na):
     ref_state = state.clone()
     ref = causal_conv1d_reference(x, w, ref_state, slots, na)
     y = causal_conv1d(x, w, state, slots, na)
-    assert relerr(y, ref) < 1e-2 and torch.equal(state, ref_state)
+    assert rel_err(y, ref) < 1e-2 and torch.equal(state, ref_state)

@@ -7,13 +7,10 @@ import torch
 from kernels.int4_gemv import int4_gemv, supports
 from kernels.splitk import workspace
 from layers.quant import dequantize_int4, quantize_int4
+from tests.fixtures import rel_err
 
 pytestmark = pytest.mark.gpu
 SHAPES_27B = [(16384, 5120), (5120, 6144), (14336, 5120), (34816, 5120), (5120, 17408)]   # N × K
-
-
-def rel_err(out, ref):
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def case(m, n, k, xdt, sdt, seed):

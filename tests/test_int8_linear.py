@@ -8,13 +8,10 @@ from bench.kernels_int8 import GEMM_SWEEP, GEMV_SWEEP
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import Config, int8_linear, pick_config
 from layers.quant import dequantize_int8, quantize_int8_rows
+from tests.fixtures import rel_err
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-
-
-def rel_err(out, ref):
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
