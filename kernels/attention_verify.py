@@ -13,7 +13,6 @@ KV formats: bf16, or e4m3 codes decoded with integer bit operations (any GPU; ke
 native conversion (sm_89+). K and V scales are applied to fp32 scores and to acc, never to the 8-bit tiles."""
 import functools
 import math
-import os
 
 import torch
 import triton
@@ -23,7 +22,6 @@ from kernels import device as gpu
 from kernels.fp8 import E4M3_BITS_UNIT, decode_e4m3_ref, e4m3_decode
 
 KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE = 0, 1, 2
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _NEG = tl.constexpr(-1.0e30)  # "no key seen yet": finite, so fully masked rows give 2^(-inf - NEG) = 0, never NaN
 
 
@@ -154,7 +152,7 @@ def kv_format(k_cache: torch.Tensor, native=None) -> int:
         return KV_BF16
     assert k_cache.dtype in (torch.uint8, torch.float8_e4m3fn), k_cache.dtype
     if native is None:
-        native = not _INTERPRET and k_cache.is_cuda and gpu.capability(k_cache.device) >= (8, 9)
+        native = not gpu.INTERPRET and k_cache.is_cuda and gpu.capability(k_cache.device) >= (8, 9)
     return KV_FP8_NATIVE if native else KV_FP8_BITS
 
 
@@ -215,7 +213,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part,
         q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D),
         *q.stride()[:3], *out.stride()[:3], *k_cache.stride()[:3], *s_part,
-        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, DOT_FP32=_INTERPRET,
+        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, DOT_FP32=gpu.INTERPRET,
         num_warps=num_warps, num_stages=num_stages)
     if split:
         block_d = min(D, 64)

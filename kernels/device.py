@@ -1,9 +1,13 @@
 """The GPU a launch runs on, as the kernels' launch defaults see it. On the CPU (Triton's interpreter) it answers
 as a small sm_90 part, so the interpreter runs the Hopper defaults on few programs; tests/aot_compile.py answers
-for other targets by replacing these two functions."""
+for other targets by replacing these two functions. INTERPRET: kernels run in Triton's interpreter (tests/conftest.py
+sets it on the CPU), where some take exact fp32 paths (ENGINE.md §7)."""
 import functools
+import os
 
 import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,7 +29,6 @@ Design, and why:
   activations (they feed a dot) but not the scales.
 * Split-K over groups, reduced in one launch by kernels/splitk.store_tile (graph-safe, no memset).
 """
-import os
 from dataclasses import dataclass
 
 import torch
@@ -280,7 +279,7 @@ def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
         x2, x_scale if x_scale is not None else x2, w.qweight, w.scales, zs, out2, ws, cnt,
         m, n, k, x2.stride(0), out2.stride(0),
         A8=x_scale is not None, HAS_ZS=w.zs is not None, WEIGHTS_A=cfg.weights_a, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        SPLIT=cfg.split_k > 1, DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
+        SPLIT=cfg.split_k > 1, DOT_F32=gpu.INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 

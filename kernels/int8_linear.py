@@ -24,7 +24,6 @@ Design, and why:
 * No split-K: N is large (1940 column tiles of 128 for the full vocabulary). A persistent grid splitting N evenly
   (no part-filled last wave) measured no faster than one tile per program.
 """
-import os
 from dataclasses import dataclass
 
 import torch
@@ -187,5 +186,5 @@ def int8_linear(x: torch.Tensor, w: Int8Weight, out: torch.Tensor = None, cfg: C
     _int8_matmul_kernel[(triton.cdiv(m, cfg.tokens), triton.cdiv(n, cfg.block_n))](
         planes, xs, w.qweight, w.scales, out2, m, n, k, out2.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PARTS=cfg.parts, WEIGHTS_A=cfg.weights_a,
-        DOT_F32=os.environ.get("TRITON_INTERPRET") == "1", num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DOT_F32=gpu.INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -18,14 +18,14 @@ Philox(seed; v, row, offset, stream); seed and offset are device tensors and the
 Descriptors desc [rows, 4] = (1/T, M, tau, Zs) describe the processed distribution of a row:
 p(v) = exp(x_v − M) / Zs for x_v >= tau, else 0 (1/T == 0 marks a greedy row). Rejection sampling reads p and q
 through them. Padding rows should be greedy: a row of equal logits under top-k and top-p takes the slow path."""
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from kernels import device as gpu
+
 RACE = tl.constexpr(0)          # Philox stream ids: keep the draws of different decisions independent
 RESIDUAL = tl.constexpr(1)
 ACCEPT = tl.constexpr(2)
@@ -555,7 +555,7 @@ def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace =
     assert R <= ws.rows and V == ws.vocab
     c, nb, nbp = ws.cfg, ws.nb, ws.nbp
     rows = (logits, logits.stride(0), V, params.temperature, params.top_k, params.top_p, rows_per_param)
-    wide = 1 if INTERPRET else 8
+    wide = 1 if gpu.INTERPRET else 8
     _stats_kernel[(R, nb)](*rows, ws.pmax, ws.psum, ws.parg, ws.cnt, ws.mass, ws.cand_n, ws.zs,
                            LP=c.levels * c.pivots, LPP=triton.next_power_of_2(c.levels * c.pivots), BLOCK=c.block, NBP=nbp, num_warps=4)
     for level in range(c.levels):
