@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu
+from kernels.device import pdl_wait
 from kernels.fp8 import E4M3_BITS_UNIT, decode_e4m3_ref, e4m3_decode
 
 KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE = 0, 1, 2
@@ -48,7 +49,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
                    q_len, nseg, n_tiles, qk_scale,
                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, s_cs, s_ch, s_cn, s_pb, s_ph, s_pt, s_ps,
                    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   KV_FMT: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr):
+                   KV_FMT: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr):
     # q, out [B, q_len, Hq, D] (D contiguous); k/v cache [slots, Hkv, max_len, D]; k/v scales [Hkv] fp32;
     # cache_rows, kv_lens [B] int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 (SPLIT only).
     # Grid (B * n_tiles, Hkv, nseg).
@@ -56,20 +57,22 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     tile = tl.program_id(0) % n_tiles
     kvh = tl.program_id(1)
     seg = tl.program_id(2)
+    pdl_wait(PDL)
     slot = tl.load(rows_ptr + b)
     kv_len = tl.where(slot >= 0, tl.load(lens_ptr + b), 0)  # padding rows attend to nothing and output 0
     seg_len = _segment_len(kv_len, nseg, BLOCK_N)
     start = seg * seg_len
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = offs_m // G
+    head = kvh * G + offs_m % G
+    row_ok = offs_m < q_len * G
+    offs_d = tl.arange(0, D)
+    DT: tl.constexpr = tl.bfloat16 if KV_FMT == 0 else tl.float16
+    # requested with the sequence's slot and length, not after them
+    q = tl.load(q_ptr + b * s_qb + tok[:, None] * s_qt + head[:, None] * s_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0).to(DT)
     # segments past the end are skipped; the combine stops at the same count. Without a split, always write.
     if (start < kv_len) | (nseg == 1):
-        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        tok = offs_m // G
-        head = kvh * G + offs_m % G
-        row_ok = offs_m < q_len * G
-        offs_d = tl.arange(0, D)
-        DT: tl.constexpr = tl.bfloat16 if KV_FMT == 0 else tl.float16
-        q = tl.load(q_ptr + b * s_qb + tok[:, None] * s_qt + head[:, None] * s_qh + offs_d[None, :],
-                    mask=row_ok[:, None], other=0.0).to(DT)
         if DOT_FP32:  # the interpreter multiplies bf16 bit patterns in tl.dot (ENGINE.md §7)
             q = q.to(tl.float32)
         if KV_FMT == 0:
@@ -123,25 +126,29 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
 @triton.jit
 def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, nseg, Hq,
                     s_pb, s_ph, s_pt, s_ps, s_ob, s_ot, s_oh,
-                    D: tl.constexpr, BLOCK_N: tl.constexpr, SEG_P2: tl.constexpr, BLOCK_D: tl.constexpr):
+                    D: tl.constexpr, BLOCK_N: tl.constexpr, SEG_P2: tl.constexpr, BLOCK_D: tl.constexpr,
+                    PDL: tl.constexpr):
     # partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 -> out [B, q_len, Hq, D].
     # Grid (B, q_len * Hq, D // BLOCK_D): one (row, token, head) and a BLOCK_D slice of the head dim.
     b = tl.program_id(0)
     t = tl.program_id(1) // Hq
     h = tl.program_id(1) % Hq
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    pdl_wait(PDL)
     slot = tl.load(rows_ptr + b)
     kv_len = tl.where(slot >= 0, tl.load(lens_ptr + b), 0)
     n_used = tl.cdiv(kv_len, _segment_len(kv_len, nseg, BLOCK_N))
     offs_s = tl.arange(0, SEG_P2)
-    s_ok = offs_s < n_used
+    # all nseg partials are requested with the length (unused ones hold stale values, masked after arrival)
     base = part_ptr + b * s_pb + h * s_ph + t * s_pt + offs_s * s_ps
-    m = tl.load(base + D, mask=s_ok, other=_NEG)
-    l = tl.load(base + D + 1, mask=s_ok, other=0.0)
+    m = tl.load(base + D, mask=offs_s < nseg, other=_NEG)
+    l = tl.load(base + D + 1, mask=offs_s < nseg, other=0.0)
+    acc = tl.load(base[:, None] + offs_d[None, :], mask=offs_s[:, None] < nseg, other=0.0)
+    s_ok = offs_s < n_used
+    m = tl.where(s_ok, m, _NEG)
     w = tl.where(s_ok, tl.exp2(m - tl.max(m, 0)), 0.0)
-    total = tl.sum(w * l, 0)
-    acc = tl.load(base[:, None] + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-    o = tl.sum(acc * w[:, None], 0)
+    total = tl.sum(tl.where(s_ok, w * l, 0.0), 0)
+    o = tl.sum(tl.where(s_ok[:, None], acc * w[:, None], 0.0), 0)
     o = tl.where(total > 0, o / total, 0.0)
     tl.store(out_ptr + b * s_ob + t * s_ot + h * s_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
@@ -203,6 +210,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     block_n, num_warps, num_stages = block_n or dflt_n, num_warps or dflt_warps, num_stages or dflt_stages
     n_tiles = triton.cdiv(rows, block_m)
     split = nseg > 1
+    pdl = gpu.pdl(q.device)
     if split:
         assert n_tiles == 1 and partials is not None, "split-KV is for single-tile (verify) launches"
         assert partials.shape[0] >= B and partials.shape[1] == hq and partials.shape[2] >= q_len
@@ -213,13 +221,13 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part,
         q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D),
         *q.stride()[:3], *out.stride()[:3], *k_cache.stride()[:3], *s_part,
-        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, DOT_FP32=gpu.INTERPRET,
-        num_warps=num_warps, num_stages=num_stages)
+        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, DOT_FP32=gpu.INTERPRET, PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl)
     if split:
         block_d = min(D, 64)
         _combine_kernel[(B, q_len * hq, D // block_d)](
             partials, cache_rows, kv_lens, out, nseg, hq, *s_part, *out.stride()[:3],
-            D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d)
+            D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d, PDL=pdl, launch_pdl=pdl)
     return out
 
 

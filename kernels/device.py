@@ -1,11 +1,20 @@
 """The GPU a launch runs on, as the kernels' launch defaults see it. On the CPU (Triton's interpreter) it answers
 as a small sm_90 part, so the interpreter runs the Hopper defaults on few programs; tests/aot_compile.py answers
 for other targets by replacing these two functions. INTERPRET: kernels run in Triton's interpreter (tests/conftest.py
-sets it on the CPU), where some take exact fp32 paths (ENGINE.md §7)."""
+sets it on the CPU), where some take exact fp32 paths (ENGINE.md §7).
+
+Programmatic dependent launch (sm_90+, `pdl`): a kernel launched with launch_pdl=True may start while the previous
+kernel of the stream finishes, so its launch and its loads of data no kernel of the step writes (weights, caches
+of earlier steps, sampling parameters) overlap the predecessor. Such a kernel calls `pdl_wait` on every path
+before it reads anything an earlier kernel wrote and before it writes anything; `pdl_wait` returns once the
+previous kernel has completed, which (since that one waited too) means every earlier kernel has."""
 import functools
 import os
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -20,3 +29,16 @@ def capability(dev: torch.device) -> tuple:
 def num_sms(dev: torch.device) -> int:
     """Streaming multiprocessors: the grid size that fills the GPU (4 on the CPU keeps interpreter grids small)."""
     return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+
+
+def pdl(dev: torch.device) -> bool:
+    """Launch with programmatic dependent launch (griddepcontrol is sm_90+; the interpreter has no inline asm)."""
+    return not INTERPRET and dev.type != "cpu" and capability(dev) >= (9, 0)
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Wait for the previous kernel of the stream (and so for all earlier ones); let the next one launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu
+from kernels.device import pdl_wait
 
 L2NORM_EPS = 1e-6
 
@@ -116,7 +117,7 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
                        so_b, so_t, so_h, ss_b,
                        scale, T: tl.constexpr, TP: tl.constexpr, HV: tl.constexpr, KV_GROUP: tl.constexpr,
                        DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PROJ_DOT: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     # q, k [B, T, Hk, DK]; v, o [B, T, Hv, DV]; a, b [B, T, Hv]; state [slots, Hv, DK, DV]; slots [B, T]
     # grid (B, Hv, DV / BV); S [DK, BV] fp32 in registers; TP >= max(T, 8) a power of 2. The token loops are
     # unrolled and per-token values are tuples.
@@ -126,6 +127,9 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
     offs_k = tl.arange(0, DK)
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
     tile = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    A_log = tl.load(A_log_ptr + h).to(tl.float32)      # weights: read while the previous kernel finishes
+    dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+    pdl_wait(PDL)
 
     # Every load is issued up front: a load placed after a state store (a pointer that may alias) or after a layout
     # change (a shared-memory barrier) cannot be hoisted, and would cost each token a memory round trip. The
@@ -154,8 +158,6 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
         A = tl.load(tl.where(offs_r[:, None] >= TP, q_ptr + bi * sq_b + kh * sq_h + tok[:, None] * sq_t,
                              k_ptr + bi * sk_b + kh * sk_h + tok[:, None] * sk_t) + offs_k[None, :],
                     mask=tok[:, None] < T, other=0.0).to(tl.float32)
-    A_log = tl.load(A_log_ptr + h).to(tl.float32)
-    dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
 
     # While the state is in flight: 1/|k_t|, scale/|q_t| (l2norm's eps), normalised k_t, q_t, decays e^g_t,
     # cumulative log decays G_t, beta_t
@@ -248,5 +250,6 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0),
         DK ** -0.5, T=T, TP=max(8, triton.next_power_of_2(T)), HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv,
-        PROJ_DOT=proj_dot, DOT_PRECISION="tf32" if exact else "tf32x3", num_warps=num_warps)
+        PROJ_DOT=proj_dot, DOT_PRECISION="tf32" if exact else "tf32x3", PDL=gpu.pdl(v.device), num_warps=num_warps,
+        launch_pdl=gpu.pdl(v.device))
     return o

@@ -2,10 +2,12 @@
 speculative rejection sampling (ENGINE.md §2, §3, §6). Plain-torch reference: engine/sampling.py, whose
 `support` docstring states the truncation semantics (value thresholds: a tie group is kept or dropped whole).
 
-Per row, passes of grid (rows, blocks) (stats, `levels` level passes, compact) then one program per row
-(resolve); no sort of the vocabulary and no host sync:
+Per row, passes over its blocks of `block` elements (stats, `levels` level passes, compact) then one program per
+row (resolve); no sort of the vocabulary and no host sync. stats has a program per block; level and compact
+programs each take every NPROG-th block (one wave of programs over all rows; per-row decisions and atomics are
+paid per program, and the next block is requested while one is processed):
   stats    per block: max, Σexp, argmax of x = logits / T.
-  level l  P pivots inside the bracket [lo, hs) known to hold the threshold; each block counts (and, for
+  level l  P pivots inside the bracket [lo, hs) known to hold the threshold; each program counts (and, for
            top-p-only rows, sums exp of) its bracket elements >= each pivot; sums are atomics. The next pass
            narrows the bracket to one pivot gap. Level 0 spreads pivots over [M − 64, M], later ones evenly.
   compact  copies the <= CAP candidates out (the bracket; every element >= lo for top-k with top-p, whose cut
@@ -14,6 +16,9 @@ Per row, passes of grid (rows, blocks) (stats, `levels` level passes, compact) t
            bracket still overflows (a tie group larger than CAP at the cut) take an exact bisection over the row.
 Sampling is an exponential race, argmax over the support of (x − M) − log E_v with E_v ~ Exp(1) drawn from
 Philox(seed; v, row, offset, stream); seed and offset are device tensors and the last kernel advances offset.
+Rejection sampling (rejection_sample) is one more pass: each sequence's first rejected draft position, the race
+over the residual there, and the emitted tokens, by the sequence's last program to finish. Every kernel uses
+programmatic dependent launch on sm_90+ (kernels/device.py).
 
 Descriptors desc [rows, 4] = (1/T, M, tau, Zs) describe the processed distribution of a row:
 p(v) = exp(x_v − M) / Zs for x_v >= tau, else 0 (1/T == 0 marks a greedy row). Rejection sampling reads p and q
@@ -25,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu
+from kernels.device import pdl_wait
 
 RACE = tl.constexpr(0)          # Philox stream ids: keep the draws of different decisions independent
 RESIDUAL = tl.constexpr(1)
@@ -182,13 +188,13 @@ def _classify(lo, hs, clo, chs, M, kact, pact, CAP: tl.constexpr):
 
 
 @triton.jit
-def _choose(lo, hs, clo, chs, mhs, piv_ptr, cnt_ptr, mass_ptr, kact, k, target, P: tl.constexpr):
-    """New bracket from one level's pivots: the gap between the last pivot still above the threshold and the
-    first one at or below it (fewer than k elements, or less than the target mass, lie above the threshold)."""
+def _choose(lo, hs, clo, chs, mhs, t, cnt, mass, kact, k, target, P: tl.constexpr):
+    """New bracket from one level's pivots t [P] and their counts and masses: the gap between the last pivot still
+    above the threshold and the first one at or below it (fewer than k elements, or less than the target mass, lie
+    above the threshold)."""
     i = tl.arange(0, P)
-    t = tl.load(piv_ptr + i)
-    c = chs + tl.load(cnt_ptr + i).to(tl.float32)
-    m = mhs + tl.load(mass_ptr + i)
+    c = chs + cnt.to(tl.float32)
+    m = mhs + mass
     # first pivot failing the criterion; robust even if atomically summed masses are not monotone
     a = tl.min(tl.where(tl.where(kact, c < k, m < target), P, i), 0)
     up, dn = i == a - 1, i == a
@@ -218,22 +224,26 @@ def _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, L, kact, pact, k, p, NLEV
                 P: tl.constexpr, CAP: tl.constexpr):
     """The bracket after level L − 1: the stored state before it, narrowed by its pivots if it ran."""
     lo, hs, clo, chs, mhs, M, Z = _load_state(st_ptr + (r * (NLEV + 1) + L - 1) * NSTATE)
+    # the level's pivots and sums come with the state, used or not: one memory round trip instead of two
+    i = (r * NLEV + L - 1) * P + tl.arange(0, P)
+    t, c, m = tl.load(piv_ptr + i), tl.load(cnt_ptr + i), tl.load(mass_ptr + i)
     resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
     if ~tie & ~fits:
-        data = (r * NLEV + L - 1) * P
-        lo, hs, clo, chs, mhs = _choose(lo, hs, clo, chs, mhs, piv_ptr + data, cnt_ptr + data,
-                                             mass_ptr + data, kact, k, p * Z, P)
+        lo, hs, clo, chs, mhs = _choose(lo, hs, clo, chs, mhs, t, c, m, kact, k, p * Z, P)
     return lo, hs, clo, chs, mhs, M, Z
 
 
 # ------------------------------------------------------------------------------------------- sampler passes
-# logits [R, V] (bf16/fp16/fp32, row stride `stride`); per-row params at row // ROW_DIV; grid (R, NB) unless noted.
+# logits [R, V] (bf16/fp16/fp32, row stride `stride`); per-row params at row // ROW_DIV. stats: grid (R, NB), one
+# block each; level and compact: grid (R, NPROG), program j takes blocks j, j + NPROG, … (one wave of programs
+# whose per-row decisions, memory round trips and atomics are paid once per program, not once per block).
 @triton.jit
 def _stats_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV,
                   pmax_ptr, psum_ptr, parg_ptr, cnt_ptr, mass_ptr, cand_n_ptr, zs_ptr,
-                  LP: tl.constexpr, LPP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr):
+                  LP: tl.constexpr, LPP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr, PDL: tl.constexpr):
     r, b = tl.program_id(0), tl.program_id(1)
     inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
+    pdl_wait(PDL)
     offs = b * BLOCK + tl.arange(0, BLOCK)
     x = _load_x(logits_ptr + r.to(tl.int64) * stride, offs, V, inv_t)
     m = tl.max(x, 0)
@@ -249,12 +259,15 @@ def _stats_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV,
 
 
 @triton.jit
-def _level_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, psum_ptr, NB,
+def _level_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, psum_ptr, NB, NPROG,
                   st_ptr, piv_ptr, cnt_ptr, mass_ptr,
                   LEVEL: tl.constexpr, NLEV: tl.constexpr, P: tl.constexpr, PG: tl.constexpr,
-                  CAP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr):
-    r, b = tl.program_id(0), tl.program_id(1)
+                  CAP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr, PDL: tl.constexpr):
+    r, j = tl.program_id(0), tl.program_id(1)
     inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
+    pdl_wait(PDL)
+    row_ptr = logits_ptr + r.to(tl.int64) * stride
+    x_next = _load_x(row_ptr, j * BLOCK + tl.arange(0, BLOCK), V, inv_t)   # requested before the bracket is known
     if kact | pact:
         if LEVEL == 0:
             M, Z = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
@@ -263,66 +276,78 @@ def _level_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, 
         else:
             lo, hs, clo, chs, mhs, M, Z = _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, LEVEL, kact, pact,
                                                       k, p, NLEV, P, CAP)
-        if b == 0:
+        if j == 0:
             _store_state(st_ptr + (r * (NLEV + 1) + LEVEL) * NSTATE, lo, hs, clo, chs, mhs, M, Z)
         resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
         if ~tie & ~fits:
             t = _pivots(lo, hs, M, LEVEL, P)
             data = (r * NLEV + LEVEL) * P
-            if b == 0:
+            if j == 0:
                 tl.store(piv_ptr + data + tl.arange(0, P), t)
-            offs = b * BLOCK + tl.arange(0, BLOCK)
-            x = _load_x(logits_ptr + r.to(tl.int64) * stride, offs, V, inv_t)
-            xb = tl.where((x >= lo) & (x < hs), x, float("-inf"))   # bracket elements; the rest is known
-            if tl.max(xb, 0) > float("-inf"):
-                mass_rows = pact & ~kact   # masses only steer top-p-only rows
-                if mass_rows:
-                    e = tl.exp(xb - M)
-                else:
-                    e = tl.zeros([BLOCK], tl.float32)
-                t2 = tl.reshape(t, [P // PG, PG])
-                gi = tl.arange(0, P // PG)[:, None]
-                for g in tl.static_range(P // PG):
-                    tg = tl.sum(tl.where(gi == g, t2, 0.0), 0)
-                    ge = xb[:, None] >= tg[None, :]
-                    # relaxed: only the sums matter, and the next kernel reads them (acq_rel would fence each)
-                    tl.atomic_add(cnt_ptr + data + g * PG + tl.arange(0, PG), tl.sum(ge.to(tl.int32), 0),
-                                  sem="relaxed")
+            mass_rows = pact & ~kact   # masses only steer top-p-only rows
+            t2 = tl.reshape(t, [P // PG, PG])
+            gi = tl.arange(0, P // PG)[:, None]
+            cnt = tl.zeros([P // PG, PG], tl.int32)     # this program's counts and masses, pivot g·PG + c at [g, c]
+            mass = tl.zeros([P // PG, PG], tl.float32)
+            for b in range(j, NB, NPROG):
+                x = x_next
+                x_next = _load_x(row_ptr, (b + NPROG) * BLOCK + tl.arange(0, BLOCK), V, inv_t)   # (masked at the end)
+                xb = tl.where((x >= lo) & (x < hs), x, float("-inf"))   # bracket elements; the rest is known
+                if tl.max(xb, 0) > float("-inf"):
                     if mass_rows:
-                        tl.atomic_add(mass_ptr + data + g * PG + tl.arange(0, PG),
-                                      tl.sum(tl.where(ge, e[:, None], 0.0), 0), sem="relaxed")
+                        e = tl.exp(xb - M)
+                    else:
+                        e = tl.zeros([BLOCK], tl.float32)
+                    for g in tl.static_range(P // PG):
+                        tg = tl.sum(tl.where(gi == g, t2, 0.0), 0)
+                        ge = xb[:, None] >= tg[None, :]
+                        cnt += tl.where(gi == g, tl.sum(ge.to(tl.int32), 0)[None, :], 0)
+                        if mass_rows:
+                            mass += tl.where(gi == g, tl.sum(tl.where(ge, e[:, None], 0.0), 0)[None, :], 0.0)
+            if tl.sum(tl.sum(cnt, 1), 0) > 0:
+                # relaxed: only the sums matter, and the next kernel reads them (acq_rel would fence each)
+                at = data + gi * PG + tl.arange(0, PG)[None, :]
+                tl.atomic_add(cnt_ptr + at, cnt, sem="relaxed")
+                if mass_rows:
+                    tl.atomic_add(mass_ptr + at, mass, sem="relaxed")
 
 
 @triton.jit
-def _compact_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, NB,
+def _compact_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, NB, NPROG,
                     st_ptr, piv_ptr, cnt_ptr, mass_ptr, cand_n_ptr, cand_val_ptr, cand_idx_ptr, zs_ptr,
                     best_ptr, best_idx_ptr, seed_ptr, offset_ptr,
-                    NLEV: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr):
-    r, b = tl.program_id(0), tl.program_id(1)
+                    NLEV: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
+                    PDL: tl.constexpr):
+    r, j = tl.program_id(0), tl.program_id(1)
     inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
+    pdl_wait(PDL)
+    row_ptr = logits_ptr + r.to(tl.int64) * stride
+    x_next = _load_x(row_ptr, j * BLOCK + tl.arange(0, BLOCK), V, inv_t)   # requested before the bracket is known
     seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
-    offs = b * BLOCK + tl.arange(0, BLOCK)
-    x = _load_x(logits_ptr + r.to(tl.int64) * stride, offs, V, inv_t)
     pm, _ = _combine_blocks(pmax_ptr + r * NBP, NB, NBP)
     M = tl.max(pm, 0)
     best, best_i = tl.zeros([], tl.float32) + float("-inf"), tl.zeros([], tl.int32)
     if sampled:
         t_race = tl.zeros([], tl.float32) + float("-inf")   # untruncated rows race everything here
+        lo, hi, collect = t_race, t_race, kact & ~kact
         if kact | pact:
             lo, hs, clo, chs, mhs, M, Z = _prev_state(r, st_ptr, piv_ptr, cnt_ptr, mass_ptr, NLEV, kact, pact,
                                                       k, p, NLEV, P, CAP)
-            if b == 0:
+            if j == 0:
                 _store_state(st_ptr + (r * (NLEV + 1) + NLEV) * NSTATE, lo, hs, clo, chs, mhs, M, Z)
             resolved, fits, tie = _classify(lo, hs, clo, chs, M, kact, pact, CAP)
             # top-k with top-p keeps every element >= lo as a candidate (the top-p cut needs the whole top-k set);
             # otherwise the elements above the bracket are surely kept: raced and summed here
             hi = tl.where(kact & pact, float("inf"), hs)
             t_race = tl.where(resolved, lo, tl.where(fits, hi, float("inf")))
-            if resolved | fits:
-                kept = tl.sum(tl.where(x >= t_race, tl.exp(x - M), 0.0), 0)
-                if kept > 0.0:
-                    tl.atomic_add(zs_ptr + r, kept, sem="relaxed")
-            if fits & ~resolved:
+            collect = fits & ~resolved
+        kept = tl.zeros([], tl.float32)
+        for b in range(j, NB, NPROG):
+            offs = b * BLOCK + tl.arange(0, BLOCK)
+            x = x_next
+            x_next = _load_x(row_ptr, offs + NPROG * BLOCK, V, inv_t)
+            kept += tl.sum(tl.where(x >= t_race, tl.exp(x - M), 0.0), 0)
+            if collect:
                 w = (x >= lo) & (x < hi)
                 n_here = tl.sum(w.to(tl.int32), 0)
                 if n_here > 0:
@@ -330,11 +355,15 @@ def _compact_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
                     pos = base + tl.cumsum(w.to(tl.int32), 0) - 1
                     tl.store(cand_val_ptr + r * CAP + pos, x, mask=w & (pos < CAP))
                     tl.store(cand_idx_ptr + r * CAP + pos, offs, mask=w & (pos < CAP))
-        sel = (offs < V) & (x >= t_race)
-        if tl.max(sel.to(tl.int32), 0) > 0:
-            best, best_i = _race(x, sel, M, offs, seed, r, off, RACE)
-    tl.store(best_ptr + r * NBP + b, best)
-    tl.store(best_idx_ptr + r * NBP + b, best_i)
+            sel = (offs < V) & (x >= t_race)
+            if tl.max(sel.to(tl.int32), 0) > 0:
+                s_b, i_b = _race(x, sel, M, offs, seed, r, off, RACE)
+                best_i = tl.where(s_b > best, i_b, best_i)
+                best = tl.maximum(s_b, best)
+        if (kact | pact) & (kept > 0.0):
+            tl.atomic_add(zs_ptr + r, kept, sem="relaxed")
+    tl.store(best_ptr + r * NBP + j, best)
+    tl.store(best_idx_ptr + r * NBP + j, best_i)
 
 
 @triton.jit
@@ -405,13 +434,14 @@ def _candidates(cv, ci, n, kact, pact, rank, p, M, Z, above, seed, r, off):
 
 @triton.jit
 def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, psum_ptr, parg_ptr, NB,
-                    st_ptr, cand_n_ptr, cand_val_ptr, cand_idx_ptr, zs_ptr, best_ptr, best_idx_ptr,
+                    NPROG, st_ptr, cand_n_ptr, cand_val_ptr, cand_idx_ptr, zs_ptr, best_ptr, best_idx_ptr,
                     seed_ptr, offset_ptr, ticket_ptr, n_rows, d2t_ptr, ids_ptr, desc_ptr,
                     NLEV: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr,
-                    NBP: tl.constexpr, HAS_D2T: tl.constexpr, ADVANCE: tl.constexpr):
-    """grid (R,): the token and descriptor of each row."""
+                    NBP: tl.constexpr, HAS_D2T: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr):
+    """grid (R,): the token and descriptor of each row (the race winners of the NPROG compact programs)."""
     r = tl.program_id(0)
     inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
+    pdl_wait(PDL)
     seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
     # every load that does not depend on another first, so their latencies overlap (inside the branches below
     # they would be serialised); rows that do not use them ignore the values
@@ -420,14 +450,16 @@ def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
     above = tl.load(zs_ptr + r)
     j = tl.arange(0, SMALL)
     cv, ci = tl.load(cand_val_ptr + r * CAP + j), tl.load(cand_idx_ptr + r * CAP + j)
-    bs, _ = _combine_blocks(best_ptr + r * NBP, NB, NBP)
+    bs, i = _combine_blocks(best_ptr + r * NBP, NPROG, NBP)
+    b_idx = tl.load(best_idx_ptr + r * NBP + i, mask=i < NPROG, other=0)
     M, Z = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
-    pm, i = _combine_blocks(pmax_ptr + r * NBP, NB, NBP)
-    tok = tl.load(parg_ptr + r * NBP + tl.min(tl.where(pm == M, i, NBP), 0))   # greedy: first argmax
+    pm, _ = _combine_blocks(pmax_ptr + r * NBP, NB, NBP)
+    pa = tl.load(parg_ptr + r * NBP + i, mask=i < NB, other=0)
+    tok = tl.sum(tl.where(i == tl.min(tl.where(pm == M, i, NBP), 0), pa, 0), 0)   # greedy: first argmax
     tau, zs = M, tl.zeros([], tl.float32) + 1.0
     if sampled:
         best = tl.max(bs, 0)
-        tok = tl.load(best_idx_ptr + r * NBP + tl.argmax(bs, 0))
+        tok = tl.sum(tl.where(i == tl.argmax(bs, 0), b_idx, 0), 0)
         tau, zs = tl.zeros([], tl.float32) + float("-inf"), Z
         if kact | pact:
             M, Z = M_st, Z_st
@@ -482,42 +514,10 @@ def _prob(logit, desc_ptr, mask):
 
 
 @triton.jit
-def _residual_kernel(tlog_ptr, t_stride, V, dlog_ptr, d_stride, Vd, t2d_ptr, temp_ptr, K,
-                     tdesc_ptr, ddesc_ptr, seed_ptr, offset_ptr, best_ptr, best_idx_ptr,
-                     HAS_T2D: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr):
-    """grid (B·K, NB): per draft position, the race over r = max(p − q, 0) (the token emitted on rejection)."""
-    rr, blk = tl.program_id(0), tl.program_id(1)
-    bq = rr // K
-    rt = bq * (K + 1) + rr % K
-    best, best_i = tl.zeros([], tl.float32) + float("-inf"), tl.zeros([], tl.int32)
-    if tl.load(temp_ptr + bq) > 0.0:
-        seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        valid = offs < V
-        pv = _prob(tl.load(tlog_ptr + rt.to(tl.int64) * t_stride + offs, mask=valid, other=0.0),
-                   tdesc_ptr + rt * 4 + offs * 0, valid)
-        d = offs
-        if HAS_T2D:
-            d = tl.load(t2d_ptr + offs, mask=valid, other=-1)
-        dm = valid & (d >= 0) & (d < Vd)
-        qv = _prob(tl.load(dlog_ptr + rr.to(tl.int64) * d_stride + d, mask=dm, other=0.0),
-                   ddesc_ptr + rr * 4 + offs * 0, dm)
-        res = pv - qv
-        # log r − log E; the race picks argmax r / E
-        best, best_i = _race(tl.log(tl.where(res > 0, res, 1.0)), res > 0, 0.0, offs, seed, rr, off, RESIDUAL)
-    tl.store(best_ptr + rr * NBP + blk, best)
-    tl.store(best_idx_ptr + rr * NBP + blk, best_i)
-
-
-@triton.jit
-def _accept_kernel(tlog_ptr, t_stride, dlog_ptr, d_stride, Vd, t2d_ptr, draft_ids_ptr, temp_ptr, K,
-                   tdesc_ptr, ddesc_ptr, tids_ptr, best_ptr, best_idx_ptr, NB, seed_ptr, offset_ptr,
-                   ticket_ptr, B, out_ptr, n_emit_ptr,
-                   HAS_T2D: tl.constexpr, KP: tl.constexpr, NBP: tl.constexpr, ADVANCE: tl.constexpr):
-    """grid (B,): accept the longest draft prefix (ENGINE.md §2), then the correction or bonus token."""
-    b = tl.program_id(0)
-    seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
-    sampled = tl.load(temp_ptr + b) > 0.0
+def _first_rejected(tlog_ptr, t_stride, dlog_ptr, d_stride, Vd, t2d_ptr, draft_ids_ptr, K, tdesc_ptr, ddesc_ptr,
+                    tids_ptr, b, sampled, seed, off, HAS_T2D: tl.constexpr, KP: tl.constexpr):
+    """Sequence b's verdict (ENGINE.md §2): the first rejected draft position a (K: all accepted), the positions
+    j [KP], the drafts and each target row's own sample (argmax when greedy) at j."""
     j = tl.arange(0, KP)
     jd = j < K
     dt = tl.load(draft_ids_ptr + b * K + j, mask=jd, other=0).to(tl.int32)
@@ -528,22 +528,71 @@ def _accept_kernel(tlog_ptr, t_stride, dlog_ptr, d_stride, Vd, t2d_ptr, draft_id
     dm = jd & (dd >= 0) & (dd < Vd)
     pv = _prob(tl.load(tlog_ptr + rt.to(tl.int64) * t_stride + dt, mask=jd, other=0.0), tdesc_ptr + rt * 4, jd)
     qv = _prob(tl.load(dlog_ptr + rd.to(tl.int64) * d_stride + dd, mask=dm, other=0.0), ddesc_ptr + rd * 4, dm)
-    tid = tl.load(tids_ptr + rt, mask=j <= K, other=-1)   # each target row's own sample (argmax when greedy)
+    tid = tl.load(tids_ptr + rt, mask=j <= K, other=-1)
     u = _uniform(seed, j, b, off, ACCEPT)
     ok = tl.where(sampled, (qv > 0.0) & (u * qv <= pv), dt == tid)
-    a = tl.min(tl.where(jd & ~ok, j, K), 0)
-    emitted = tl.sum(tl.where(j == a, tid, 0), 0)
-    if sampled & (a < K):   # residual race of position a; r == 0 everywhere falls back to p (its own sample)
-        bs, _ = _combine_blocks(best_ptr + (b * K + a) * NBP, NB, NBP)
-        if tl.max(bs, 0) > float("-inf"):
-            emitted = tl.load(best_idx_ptr + (b * K + a) * NBP + tl.argmax(bs, 0))
-    tl.store(out_ptr + b * (K + 1) + j, tl.where(j < a, dt, tl.where(j == a, emitted, -1)), mask=j <= K)
-    tl.store(n_emit_ptr + b, a + 1)
-    if ADVANCE:
-        _advance(offset_ptr, off, ticket_ptr, B)
+    return tl.min(tl.where(jd & ~ok, j, K), 0), j, dt, tid
+
+
+@triton.jit
+def _verdict_kernel(tlog_ptr, t_stride, V, dlog_ptr, d_stride, Vd, t2d_ptr, draft_ids_ptr, temp_ptr, K,
+                    tdesc_ptr, ddesc_ptr, tids_ptr, seed_ptr, offset_ptr, best_ptr, best_idx_ptr, NB, NPROG,
+                    seq_ticket_ptr, ticket_ptr, B, out_ptr, n_emit_ptr,
+                    HAS_T2D: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
+                    PDL: tl.constexpr):
+    """grid (B, NPROG): every program finds sequence b's first rejected position a and races its blocks j,
+    j + NPROG, … of r = max(p − q, 0) there; the sequence's last program to finish emits the accepted drafts, then
+    the race's winner (the correction) or, with every draft accepted, the last target row's sample (the bonus)."""
+    bq, j = tl.program_id(0), tl.program_id(1)
+    sampled = tl.load(temp_ptr + bq) > 0.0
+    pdl_wait(PDL)
+    seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
+    a, jk, dt, tid = _first_rejected(tlog_ptr, t_stride, dlog_ptr, d_stride, Vd, t2d_ptr, draft_ids_ptr, K,
+                                     tdesc_ptr, ddesc_ptr, tids_ptr, bq, sampled, seed, off, HAS_T2D, KP)
+    race = sampled & (a < K)
+    best, best_i = tl.zeros([], tl.float32) + float("-inf"), tl.zeros([], tl.int32)
+    if race:
+        rr = bq * K + a            # the draft row, and the race's Philox row
+        rt = bq * (K + 1) + a
+        for blk in range(j, NB, NPROG):
+            offs = blk * BLOCK + tl.arange(0, BLOCK)
+            valid = offs < V
+            pv = _prob(tl.load(tlog_ptr + rt.to(tl.int64) * t_stride + offs, mask=valid, other=0.0),
+                       tdesc_ptr + rt * 4 + offs * 0, valid)
+            d = offs
+            if HAS_T2D:
+                d = tl.load(t2d_ptr + offs, mask=valid, other=-1)
+            dm = valid & (d >= 0) & (d < Vd)
+            qv = _prob(tl.load(dlog_ptr + rr.to(tl.int64) * d_stride + d, mask=dm, other=0.0),
+                       ddesc_ptr + rr * 4 + offs * 0, dm)
+            res = pv - qv
+            # log r − log E; the race picks argmax r / E
+            s_b, i_b = _race(tl.log(tl.where(res > 0, res, 1.0)), res > 0, 0.0, offs, seed, rr, off, RESIDUAL)
+            best_i = tl.where(s_b > best, i_b, best_i)
+            best = tl.maximum(s_b, best)
+    tl.store(best_ptr + bq * NBP + j, best)
+    tl.store(best_idx_ptr + bq * NBP + j, best_i)
+    # the acq_rel ticket orders every program's stores above before the last one's reads below
+    tl.debug_barrier()
+    if tl.atomic_add(seq_ticket_ptr + bq, 1, sem="acq_rel") == NPROG - 1:
+        tl.store(seq_ticket_ptr + bq, 0)
+        emitted = tl.sum(tl.where(jk == a, tid, 0), 0)
+        if race:   # r == 0 everywhere falls back to p (its own sample)
+            bs, i = _combine_blocks(best_ptr + bq * NBP, NPROG, NBP)
+            bi = tl.load(best_idx_ptr + bq * NBP + i, mask=i < NPROG, other=0)
+            if tl.max(bs, 0) > float("-inf"):
+                emitted = tl.sum(tl.where(i == tl.argmax(bs, 0), bi, 0), 0)
+        tl.store(out_ptr + bq * (K + 1) + jk, tl.where(jk < a, dt, tl.where(jk == a, emitted, -1)), mask=jk <= K)
+        tl.store(n_emit_ptr + bq, a + 1)
+    _advance(offset_ptr, off, ticket_ptr, B * NPROG)
 
 
 # ------------------------------------------------------------------------------------------- host side
+def _programs(rows, nb, device):
+    """Programs per row of the looping passes: two per SM over all rows (one wave), at most one per block."""
+    return max(1, min(nb, 2 * gpu.num_sms(device) // rows))
+
+
 def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace = None, *, rows_per_param=1,
            d2t=None, advance=True):
     """logits [R, V] -> (ids [R] int32, desc [R, 4]). seed, offset: int64 [1] device tensors; offset += 1 on
@@ -556,21 +605,23 @@ def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace =
     c, nb, nbp = ws.cfg, ws.nb, ws.nbp
     rows = (logits, logits.stride(0), V, params.temperature, params.top_k, params.top_p, rows_per_param)
     wide = 1 if gpu.INTERPRET else 8
+    nprog, pdl = _programs(R, nb, logits.device), gpu.pdl(logits.device)
     _stats_kernel[(R, nb)](*rows, ws.pmax, ws.psum, ws.parg, ws.cnt, ws.mass, ws.cand_n, ws.zs,
-                           LP=c.levels * c.pivots, LPP=triton.next_power_of_2(c.levels * c.pivots), BLOCK=c.block, NBP=nbp, num_warps=4)
+                           LP=c.levels * c.pivots, LPP=triton.next_power_of_2(c.levels * c.pivots), BLOCK=c.block,
+                           NBP=nbp, PDL=pdl, num_warps=4, launch_pdl=pdl)
     for level in range(c.levels):
-        _level_kernel[(R, nb)](*rows, ws.pmax, ws.psum, nb, ws.state, ws.piv, ws.cnt, ws.mass,
-                               LEVEL=level, NLEV=c.levels, P=c.pivots, PG=c.group, CAP=c.cap, BLOCK=c.block,
-                               NBP=nbp, num_warps=wide)
-    _compact_kernel[(R, nb)](*rows, ws.pmax, nb, ws.state, ws.piv, ws.cnt, ws.mass, ws.cand_n, ws.cand_val,
-                             ws.cand_idx, ws.zs, ws.best, ws.best_idx, seed, offset,
-                             NLEV=c.levels, P=c.pivots, CAP=c.cap, BLOCK=c.block, NBP=nbp, num_warps=4)
-    _resolve_kernel[(R,)](*rows, ws.pmax, ws.psum, ws.parg, nb, ws.state, ws.cand_n, ws.cand_val, ws.cand_idx,
-                          ws.zs, ws.best, ws.best_idx, seed, offset, ws.ticket, R,
+        _level_kernel[(R, nprog)](*rows, ws.pmax, ws.psum, nb, nprog, ws.state, ws.piv, ws.cnt, ws.mass,
+                                  LEVEL=level, NLEV=c.levels, P=c.pivots, PG=c.group, CAP=c.cap, BLOCK=c.block,
+                                  NBP=nbp, PDL=pdl, num_warps=wide, launch_pdl=pdl)
+    _compact_kernel[(R, nprog)](*rows, ws.pmax, nb, nprog, ws.state, ws.piv, ws.cnt, ws.mass, ws.cand_n,
+                                ws.cand_val, ws.cand_idx, ws.zs, ws.best, ws.best_idx, seed, offset,
+                                NLEV=c.levels, P=c.pivots, CAP=c.cap, BLOCK=c.block, NBP=nbp, PDL=pdl, num_warps=4,
+                                launch_pdl=pdl)
+    _resolve_kernel[(R,)](*rows, ws.pmax, ws.psum, ws.parg, nb, nprog, ws.state, ws.cand_n, ws.cand_val,
+                          ws.cand_idx, ws.zs, ws.best, ws.best_idx, seed, offset, ws.ticket, R,
                           ws.ids if d2t is None else d2t, ws.ids, ws.desc,
                           NLEV=c.levels, CAP=c.cap, SMALL=max(c.cap // 8, 2), BLOCK=c.block, NBP=nbp,
-                          HAS_D2T=d2t is not None,
-                          ADVANCE=advance, num_warps=wide)
+                          HAS_D2T=d2t is not None, ADVANCE=advance, PDL=pdl, num_warps=wide, launch_pdl=pdl)
     return ws.ids[:R], ws.desc[:R]
 
 
@@ -595,11 +646,12 @@ class RejectionWorkspace:
         self.batch, self.k = batch, k
         self.target = SamplerWorkspace(batch * (k + 1), vocab, device, cfg)
         self.draft = SamplerWorkspace(batch * k, draft_vocab, device, cfg)
-        self.best = torch.empty(batch * k, self.target.nbp, dtype=torch.float32, device=device)
-        self.best_idx = torch.empty(batch * k, self.target.nbp, dtype=torch.int32, device=device)
+        self.best = torch.empty(batch, self.target.nbp, dtype=torch.float32, device=device)     # residual race
+        self.best_idx = torch.empty(batch, self.target.nbp, dtype=torch.int32, device=device)
         self.out = torch.empty(batch, k + 1, dtype=torch.int32, device=device)
         self.num_emitted = torch.empty(batch, dtype=torch.int32, device=device)
-        self.ticket = torch.zeros(1, dtype=torch.int32, device=device)
+        self.ticket = torch.zeros(1, dtype=torch.int32, device=device)           # programs done (offset advance)
+        self.seq_ticket = torch.zeros(batch, dtype=torch.int32, device=device)   # programs done per sequence
 
 
 def rejection_sample(target_logits, draft_logits, draft_ids, params: SamplingTensors, seed, offset,
@@ -619,13 +671,10 @@ def rejection_sample(target_logits, draft_logits, draft_ids, params: SamplingTen
         draft_desc = sample(d_rows, params, seed, offset, ws.draft, rows_per_param=K, advance=False)[1]
     d_desc = draft_desc.view(B * K, 4)
     nb, nbp, block = ws.target.nb, ws.target.nbp, ws.target.cfg.block
-    t2d_arg = t2d if t2d is not None else t_ids
-    _residual_kernel[(B * K, nb)](t_rows, t_rows.stride(0), V, d_rows, d_rows.stride(0), Vd, t2d_arg,
-                                  params.temperature, K, t_desc, d_desc, seed, offset, ws.best, ws.best_idx,
-                                  HAS_T2D=t2d is not None, BLOCK=block, NBP=nbp, num_warps=4)
-    _accept_kernel[(B,)](t_rows, t_rows.stride(0), d_rows, d_rows.stride(0), Vd, t2d_arg, draft_ids,
-                         params.temperature, K, t_desc, d_desc, t_ids, ws.best, ws.best_idx, nb, seed, offset,
-                         ws.ticket, B, ws.out, ws.num_emitted,
-                         HAS_T2D=t2d is not None, KP=triton.next_power_of_2(K + 1), NBP=nbp, ADVANCE=True,
-                         num_warps=1)
+    nprog, pdl = _programs(B, nb, target_logits.device), gpu.pdl(target_logits.device)
+    _verdict_kernel[(B, nprog)](t_rows, t_rows.stride(0), V, d_rows, d_rows.stride(0), Vd,
+                                t2d if t2d is not None else t_ids, draft_ids, params.temperature, K, t_desc, d_desc,
+                                t_ids, seed, offset, ws.best, ws.best_idx, nb, nprog, ws.seq_ticket, ws.ticket, B,
+                                ws.out, ws.num_emitted, HAS_T2D=t2d is not None, KP=triton.next_power_of_2(K + 1),
+                                BLOCK=block, NBP=nbp, PDL=pdl, num_warps=4, launch_pdl=pdl)
     return ws.out[:B], ws.num_emitted[:B]
