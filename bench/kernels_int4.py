@@ -120,13 +120,16 @@ def _gemv_str(p: dict) -> str:
 
 
 def _cfg_str(c: Config) -> str:
-    return f"{c.block_m}x{c.block_n} s{c.split_k} w{c.num_warps} st{c.num_stages}" + (" A" if c.weights_a else "")
+    return f"{c.block_m}x{c.block_n} s{c.split_k} w{c.num_warps} st{c.num_stages}" + \
+        (" N" if c.natural else " A" if c.weights_a else "")
 
 
 # Alternatives to int4_linear.M_BUCKETS for --sweep: entries override the bucket's dict in pick_config.
-GEMM_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, weights_a=wa, ctas_per_sm=1)
-                 for bm, bn, w, st, wa in ((64, 128, 4, 3, True), (64, 256, 8, 3, True), (128, 128, 8, 3, True),
-                                           (128, 128, 8, 4, True), (128, 256, 8, 3, True), (128, 128, 8, 3, False))]
+GEMM_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, weights_a=wa, natural=nat, ctas_per_sm=1)
+                 for bm, bn, w, st, wa, nat in ((64, 128, 4, 3, True, False), (128, 128, 8, 3, True, False),
+                                                (128, 256, 8, 3, True, False), (128, 128, 8, 3, False, False),
+                                                (128, 128, 8, 3, False, True), (128, 128, 8, 2, False, True),
+                                                (64, 128, 4, 3, False, True))]
 A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, weights_a=wa, ctas_per_sm=1)
                for bm, bn, w, wa in ((64, 128, 4, True), (128, 128, 8, True), (64, 256, 8, True),
                                      (128, 128, 8, False))]
@@ -148,7 +151,7 @@ def sweep(peak_Bps: float) -> list:
              ([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, A8_VARIANTS, True)]
     for shapes, ms, variants, a8 in cases:
         for (name, n, k), m in itertools.product(shapes, ms):
-            configs = [(pick_config(m, n, k, torch.device("cuda"), **v), v["ctas_per_sm"]) for v in variants]
+            configs = [(pick_config(m, n, k, torch.device("cuda"), a8=a8, **v), v["ctas_per_sm"]) for v in variants]
             rows += best_of(configs, lambda c: time_ours(m, n, k, a8=a8, cfg=c[0]),
                             lambda c, us: row("w4a8_linear" if a8 else "int4_linear", f"{name} {n}x{k} M={m}", us,
                                               int4_bytes(m, n, k, 1 if a8 else 2), 2 * m * n * k, peak_Bps,

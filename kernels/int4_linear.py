@@ -25,6 +25,10 @@ Design, and why:
   Large M (WEIGHTS_A form, Hopper wgmma): the weights are the mma's A operand, which wgmma reads from registers
   (as B they would go through shared memory with a barrier per dot); W4A16 there scales the weights before the
   mma (rounded to x's dtype, as a bf16 dequantised checkpoint would be) so the mma accumulates across groups.
+* Large M (NATURAL form, Hopper): the codes are unpacked in k order into the B operand, so the activation tile
+  feeds wgmma from shared memory as it was loaded (the WEIGHTS_A form permutes it in registers and writes it back,
+  and waits for every mma). W4A8 there sums each group exactly in int32 (int8 codes − 8) and scales it in fp32;
+  int8 tensor cores run at twice the bf16 rate, which is how the 320-row verify step can match a bf16 cuBLAS GEMM.
 * Group scales are loaded one group ahead by hand (see the kernel): Triton's pipeliner prefetches codes and
   activations (they feed a dot) but not the scales.
 * Split-K over groups, reduced in one launch by kernels/splitk.store_tile (graph-safe, no memset).
@@ -173,6 +177,49 @@ def _group_dot_i8(x, q, acc, s, zs, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexp
 
 
 @triton.jit
+def _codes_k(q, BN: tl.constexpr):
+    """q int32 [16, BN] → int32 [128, BN]: the group's codes 0..15 in k order (code k = 8r + j is nibble j of word r)."""
+    c = (q[:, None, :] >> (4 * tl.arange(0, 8))[None, :, None]) & 0xF
+    return tl.reshape(c, [128, BN])
+
+
+@triton.jit
+def _group_dot_natural(x, q, acc, s, zs, A8: tl.constexpr, HAS_ZS: tl.constexpr, BN: tl.constexpr,
+                       DOT_F32: tl.constexpr):
+    """acc [BM, BN] (fp32) += x [BM, 128] @ W over one group, x in k order and the codes unpacked in k order:
+    A8: the int8 codes (− 8 when symmetric) summed exactly in int32, scaled in fp32 (+ Σx·zs);
+    16-bit: weights (q − 8)·s (or q·s + zs) rounded to x's dtype, the mma accumulating across groups."""
+    c = _codes_k(q, BN)
+    OFFSET: tl.constexpr = 0 if HAS_ZS else 8
+    if A8:
+        d = _mma((c - OFFSET).to(tl.int8), x, tl.zeros(acc.shape, tl.float32 if DOT_F32 else tl.int32), False,
+                 DOT_F32)
+        acc += _exact_f32(d.to(tl.int32)) * s[None, :]             # |d| ≤ 128·15·128 < 2^22
+        if HAS_ZS:
+            acc += tl.sum(x.to(tl.int32), axis=1).to(tl.float32)[:, None] * zs[None, :]
+    else:
+        DT = x.dtype
+        if DT == tl.float16:
+            w = (c | 0x6400).to(tl.int16).to(DT, bitcast=True)    # 1024 + q, exactly
+            base: tl.constexpr = 1024.0
+        else:
+            w = (c | 0x4300).to(tl.int16).to(DT, bitcast=True)    # 128 + q
+            base: tl.constexpr = 128.0
+        s_w = s[None, :]
+        zs_w = zs[None, :]
+        if DOT_F32:                                                # the interpreter has no bf16 arithmetic
+            w = w.to(tl.float32)
+        else:
+            s_w = s_w.to(DT)
+            zs_w = zs_w.to(DT)
+        w = (w - (base + OFFSET)) * s_w
+        if HAS_ZS:
+            w = w + zs_w
+        acc = _mma(w, x, acc, False, DOT_F32)
+    return acc
+
+
+@triton.jit
 def _load_scales(s_ptr, zs_ptr, g, N, rn, cols, HAS_ZS: tl.constexpr):
     """Group g's scales and zs over columns rn where `cols` (raw dtype, [BN]); without zero points zs is s."""
     s = tl.load(s_ptr + g * N + rn, mask=cols, other=0)
@@ -187,7 +234,7 @@ def _load_scales(s_ptr, zs_ptr, g, N, rn, cols, HAS_ZS: tl.constexpr):
 def _int4_matmul_kernel(
         x_ptr, xs_ptr, qw_ptr, s_ptr, zs_ptr, out_ptr, ws_ptr, cnt_ptr,
         M, N, K, stride_xm, stride_om,
-        A8: tl.constexpr, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr,
+        A8: tl.constexpr, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr, NATURAL: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr):
     # x [M, K] (bf16/fp16, or int8 with xs [M] fp32 when A8), qw int32 [K/8, N], s/zs [K/128, N], out [M, N]
     # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split-K count): M-tiles vary fastest, so CTAs sharing weights run
@@ -220,7 +267,9 @@ def _int4_matmul_kernel(
         # weights are streamed once: evict first; the activations are re-read by every column tile: keep them
         q = tl.load(w_tile + g * 16 * N, mask=n_ok[None, :], other=0, eviction_policy="evict_first")
         x = tl.load(x_tile + g * 128, mask=m_ok[:, None], other=0, eviction_policy="evict_last")
-        if A8:
+        if NATURAL:
+            acc = _group_dot_natural(x, q, acc, s, zs, A8, HAS_ZS, BLOCK_N, DOT_F32)
+        elif A8:
             acc = _group_dot_i8(x, q, acc, s, zs, HAS_ZS, WEIGHTS_A, BLOCK_M, BLOCK_N, DOT_F32)
         else:
             acc = _group_dot_16(x, q, acc, s, zs, HAS_ZS, WEIGHTS_A, BLOCK_M, BLOCK_N, DOT_F32)
@@ -239,27 +288,34 @@ class Config:
     num_warps: int = 4
     num_stages: int = 4
     weights_a: bool = False          # large-M form: weights as the mma's A operand (module docstring)
+    natural: bool = False            # large-M form: codes in k order as the B operand (module docstring)
 
 
 # Per M bucket (upper bound inclusive): tile sizes, and how many CTAs per SM split-K should aim for. From a first
-# H200 sweep at the 27B shapes, made before the scale prefetch and the WEIGHTS_A form existed; not re-measured
-# since: retune with `python -m bench.kernels_int4 --sweep`.
+# H200 sweep at the 27B shapes, made before the scale prefetch and the WEIGHTS_A form existed; the large-M bucket's
+# NATURAL form from a second (W4A16 at M = 320: 2.0-2.5x faster than WEIGHTS_A; still ~0.3x cuBLAS bf16). Retune
+# with `python -m bench.kernels_int4 --sweep`.
 M_BUCKETS = (
     (16, dict(block_m=16, block_n=128, num_warps=4, num_stages=3, weights_a=False, ctas_per_sm=3)),
     (64, dict(block_m=64, block_n=128, num_warps=4, num_stages=3, weights_a=True, ctas_per_sm=2)),
-    (None, dict(block_m=128, block_n=128, num_warps=8, num_stages=3, weights_a=True, ctas_per_sm=1)),
+    (None, dict(block_m=128, block_n=128, num_warps=8, num_stages=3, weights_a=True, natural=True, ctas_per_sm=1)),
 )
-def pick_config(m: int, n: int, k: int, device, **override) -> Config:
+def pick_config(m: int, n: int, k: int, device, a8: bool = False, **override) -> Config:
     """Tile table by M bucket (entries can be overridden, e.g. by the benchmark's sweep); split-K only where the
-    output tiles alone leave the GPU under-filled, and never with an empty split. Without wgmma (sm_8x) the
-    large-M tiles keep the weights as the B operand (mma.sync takes both from registers anyway), at most 64 rows
-    and 8 warps: larger tiles spill there (checked with ptxas for sm_86)."""
+    output tiles alone leave the GPU under-filled, and never with an empty split. W4A8 (a8) keeps the WEIGHTS_A
+    form where the table says NATURAL (H200, M = 320: 138 against 195 µs on 16384x5120; its int8 group sums wait
+    for every mma in both forms). Without wgmma (sm_8x) the large-M tiles keep the weights as the B operand
+    (mma.sync takes both from registers anyway), at most 64 rows and 8 warps: larger tiles spill there (checked
+    with ptxas for sm_86)."""
     p = dict(next(p for bound, p in M_BUCKETS if bound is None or m <= bound), **override)
+    if a8:
+        p.update(natural=False)
     if gpu.capability(device) < (9, 0) and p["block_m"] > 16:          # no wgmma
-        p.update(weights_a=False, block_m=64, num_warps=8)
+        p.update(weights_a=False, natural=False, block_m=64, num_warps=8)
     tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, p["block_n"])
     split = split_count(tiles, k // GROUP, p["ctas_per_sm"], gpu.num_sms(device))
-    return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["weights_a"])
+    return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["weights_a"],
+                  p.get("natural", False))
 
 
 def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
@@ -271,14 +327,15 @@ def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
     m = x2.shape[0]
     out2 = out.view(-1, n)
     assert out2.shape[0] == m and out2.stride(-1) == 1
-    cfg = cfg or pick_config(m, n, k, x.device)
+    cfg = cfg or pick_config(m, n, k, x.device, a8=x_scale is not None)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
     ws, cnt = workspace(x.device, m * n if cfg.split_k > 1 else 1, grid[0] * grid[1])
     zs = w.zs if w.zs is not None else w.scales
     _int4_matmul_kernel[grid](
         x2, x_scale if x_scale is not None else x2, w.qweight, w.scales, zs, out2, ws, cnt,
         m, n, k, x2.stride(0), out2.stride(0),
-        A8=x_scale is not None, HAS_ZS=w.zs is not None, WEIGHTS_A=cfg.weights_a, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        A8=x_scale is not None, HAS_ZS=w.zs is not None, WEIGHTS_A=cfg.weights_a and not cfg.natural,
+        NATURAL=cfg.natural, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         SPLIT=cfg.split_k > 1, DOT_F32=gpu.INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
