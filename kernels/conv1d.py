@@ -17,6 +17,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.device import pdl_args, pdl_wait
+
 
 def causal_conv1d_reference(x, weight, conv_state, conv_slots, num_accepted=None):
     """Same contract as causal_conv1d in plain torch (updates conv_state in place, returns y)."""
@@ -39,8 +41,9 @@ def causal_conv1d_reference(x, weight, conv_state, conv_slots, num_accepted=None
 def _causal_conv1d_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, num_acc_ptr, y_ptr, L, C,
                           sx_b, sx_t, sw_c, sw_k, ss_n, sy_b, sy_t,
                           K: tl.constexpr, M: tl.constexpr, MP: tl.constexpr, HAS_NA: tl.constexpr,
-                          BL: tl.constexpr, BC: tl.constexpr):
+                          BL: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr):
     # x/y tile [BL tokens, BC channels]; state tile [BC, MP] of a [C, M] per-sequence state
+    pdl_wait(PDL)
     bi = tl.program_id(0)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     cm = c < C
@@ -94,5 +97,6 @@ def causal_conv1d(x, weight, conv_state, conv_slots, num_accepted=None, out=None
         x, weight, conv_state, conv_slots, conv_slots if num_accepted is None else num_accepted, y, L, C,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), conv_state.stride(0),
         y.stride(0), y.stride(1),
-        K=K, M=M, MP=triton.next_power_of_2(M), HAS_NA=num_accepted is not None, BL=bl, BC=block_c)
+        K=K, M=M, MP=triton.next_power_of_2(M), HAS_NA=num_accepted is not None, BL=bl, BC=block_c,
+        **pdl_args(x.device))
     return y

@@ -36,6 +36,12 @@ def pdl(dev: torch.device) -> bool:
     return not INTERPRET and dev.type != "cpu" and capability(dev) >= (9, 0)
 
 
+def pdl_args(dev: torch.device) -> dict:
+    """Launch keywords for a kernel with a `PDL: tl.constexpr` parameter that calls pdl_wait."""
+    on = pdl(dev)
+    return dict(PDL=on, launch_pdl=on)
+
+
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
     """Wait for the previous kernel of the stream (and so for all earlier ones); let the next one launch."""

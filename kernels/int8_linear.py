@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu
+from kernels.device import pdl_args, pdl_wait
 from layers.quant import Int8Weight
 
 ROWS_PER_TOKEN = {1: 1, 2: 2, 3: 4}          # mma rows a token's planes take (a power of two, as Triton's tiles)
@@ -44,9 +45,11 @@ def _round(v):
 
 @triton.jit
 def _split_act_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_xm,
-                      TM: tl.constexpr, BLOCK_M: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+                      TM: tl.constexpr, BLOCK_M: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
+                      PDL: tl.constexpr):
     # x [M, K] → xs [M] fp32 = max|x[t]|/127 and int8 planes: xq row (t // TM)·BLOCK_M + p·TM + t % TM holds
     # plane p of token t (the row layout of _int8_matmul_kernel's x tiles); grid (M,), BLOCK ≥ K
+    pdl_wait(PDL)
     t = tl.program_id(0)
     rk = tl.arange(0, BLOCK)
     k_ok = rk < K
@@ -73,11 +76,12 @@ def _combine_planes(acc, SLOTS: tl.constexpr, TM: tl.constexpr, BN: tl.constexpr
 @triton.jit(do_not_specialize=["M"])    # one compiled kernel for M = 1 and M > 1
 def _int8_matmul_kernel(x_ptr, xs_ptr, qw_ptr, s_ptr, out_ptr, M, N, K, stride_om,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTS: tl.constexpr,
-                        WEIGHTS_A: tl.constexpr, DOT_F32: tl.constexpr):
+                        WEIGHTS_A: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr):
     # x int8 planes [cdiv(M, TM)·BLOCK_M, K] and xs [M] fp32 (_split_act_kernel): an M-tile holds TM tokens in
     # SLOTS row blocks of TM rows, block p = plane p (block 3 of 3 planes: zeros, masked). qw int8 [N, K], s [N],
     # out [M, N]. grid (cdiv(M, TM), cdiv(N, BLOCK_N)), M-tiles fastest (they share the weight tile through L2).
     # WEIGHTS_A: the accumulator is [BN, BM] (weights as the mma's A operand, see the module docstring).
+    pdl_wait(PDL)
     SLOTS: tl.constexpr = 4 if PARTS == 3 else PARTS
     TM: tl.constexpr = BLOCK_M // SLOTS
     pid_m = tl.program_id(0)
@@ -165,7 +169,7 @@ def split_activations(x2: torch.Tensor, cfg: Config):
     planes = torch.empty(triton.cdiv(m, cfg.tokens) * cfg.block_m, k, dtype=torch.int8, device=x2.device)
     xs = torch.empty(m, dtype=torch.float32, device=x2.device)
     _split_act_kernel[(m,)](x2, planes, xs, k, x2.stride(0), TM=cfg.tokens, BLOCK_M=cfg.block_m, PARTS=cfg.parts,
-                            BLOCK=triton.next_power_of_2(k))
+                            BLOCK=triton.next_power_of_2(k), **pdl_args(x2.device))
     return planes, xs
 
 
@@ -186,5 +190,5 @@ def int8_linear(x: torch.Tensor, w: Int8Weight, out: torch.Tensor = None, cfg: C
     _int8_matmul_kernel[(triton.cdiv(m, cfg.tokens), triton.cdiv(n, cfg.block_n))](
         planes, xs, w.qweight, w.scales, out2, m, n, k, out2.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PARTS=cfg.parts, WEIGHTS_A=cfg.weights_a,
-        DOT_F32=gpu.INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DOT_F32=gpu.INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device))
     return out

@@ -11,15 +11,17 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.device import pdl_args, pdl_wait
 from kernels.fp8 import e4m3_encode, encode_e4m3_ref
 
 
 @triton.jit
 def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, n_new,
                      s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_cs, s_ch, s_cn,
-                     D: tl.constexpr, FP8: tl.constexpr):
+                     D: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
     # k, v: [B, n_new, Hkv, D] (strides s_*b, s_*t, s_*h; D contiguous); caches [slots, Hkv, max_len, D]
     # (k and v caches share strides s_c*). Grid (B * n_new, Hkv): one token of one kv head per program.
+    pdl_wait(PDL)
     b = tl.program_id(0) // n_new
     t = tl.program_id(0) % n_new
     h = tl.program_id(1)
@@ -51,7 +53,7 @@ def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_le
         k_scale = v_scale = cache_rows  # unused placeholders for the pointer arguments
     _kv_write_kernel[(B * n_new, hkv)](
         k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, n_new,
-        *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3], D=D, FP8=fp8)
+        *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3], D=D, FP8=fp8, **pdl_args(k_new.device))
 
 
 def write_kv_ref(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):
