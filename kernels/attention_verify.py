@@ -210,7 +210,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     block_n, num_warps, num_stages = block_n or dflt_n, num_warps or dflt_warps, num_stages or dflt_stages
     n_tiles = triton.cdiv(rows, block_m)
     split = nseg > 1
-    pdl = gpu.pdl(q.device)
+    pdl = gpu.pdl_args(q.device)
     if split:
         assert n_tiles == 1 and partials is not None, "split-KV is for single-tile (verify) launches"
         assert partials.shape[0] >= B and partials.shape[1] == hq and partials.shape[2] >= q_len
@@ -221,13 +221,13 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part,
         q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D),
         *q.stride()[:3], *out.stride()[:3], *k_cache.stride()[:3], *s_part,
-        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, DOT_FP32=gpu.INTERPRET, PDL=pdl,
-        num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl)
+        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, DOT_FP32=gpu.INTERPRET,
+        num_warps=num_warps, num_stages=num_stages, **pdl)
     if split:
         block_d = min(D, 64)
         _combine_kernel[(B, q_len * hq, D // block_d)](
             partials, cache_rows, kv_lens, out, nseg, hq, *s_part, *out.stride()[:3],
-            D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d, PDL=pdl, launch_pdl=pdl)
+            D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d, **pdl)
     return out
 
 

@@ -178,7 +178,7 @@ def _group_dot_i8(x, q, acc, s, zs, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexp
 
 @triton.jit
 def _codes_k(q, BN: tl.constexpr):
-    """q int32 [16, BN] → int32 [128, BN]: the group's codes 0..15 in k order (code k = 8r + j is nibble j of word r)."""
+    """q int32 [16, BN] → int32 [128, BN]: the group's codes 0..15 in k order (code 8r + j is nibble j of word r)."""
     c = (q[:, None, :] >> (4 * tl.arange(0, 8))[None, :, None]) & 0xF
     return tl.reshape(c, [128, BN])
 

@@ -605,23 +605,22 @@ def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace =
     c, nb, nbp = ws.cfg, ws.nb, ws.nbp
     rows = (logits, logits.stride(0), V, params.temperature, params.top_k, params.top_p, rows_per_param)
     wide = 1 if gpu.INTERPRET else 8
-    nprog, pdl = _programs(R, nb, logits.device), gpu.pdl(logits.device)
+    nprog, pdl = _programs(R, nb, logits.device), gpu.pdl_args(logits.device)
     _stats_kernel[(R, nb)](*rows, ws.pmax, ws.psum, ws.parg, ws.cnt, ws.mass, ws.cand_n, ws.zs,
                            LP=c.levels * c.pivots, LPP=triton.next_power_of_2(c.levels * c.pivots), BLOCK=c.block,
-                           NBP=nbp, PDL=pdl, num_warps=4, launch_pdl=pdl)
+                           NBP=nbp, num_warps=4, **pdl)
     for level in range(c.levels):
         _level_kernel[(R, nprog)](*rows, ws.pmax, ws.psum, nb, nprog, ws.state, ws.piv, ws.cnt, ws.mass,
                                   LEVEL=level, NLEV=c.levels, P=c.pivots, PG=c.group, CAP=c.cap, BLOCK=c.block,
-                                  NBP=nbp, PDL=pdl, num_warps=wide, launch_pdl=pdl)
+                                  NBP=nbp, num_warps=wide, **pdl)
     _compact_kernel[(R, nprog)](*rows, ws.pmax, nb, nprog, ws.state, ws.piv, ws.cnt, ws.mass, ws.cand_n,
                                 ws.cand_val, ws.cand_idx, ws.zs, ws.best, ws.best_idx, seed, offset,
-                                NLEV=c.levels, P=c.pivots, CAP=c.cap, BLOCK=c.block, NBP=nbp, PDL=pdl, num_warps=4,
-                                launch_pdl=pdl)
+                                NLEV=c.levels, P=c.pivots, CAP=c.cap, BLOCK=c.block, NBP=nbp, num_warps=4, **pdl)
     _resolve_kernel[(R,)](*rows, ws.pmax, ws.psum, ws.parg, nb, nprog, ws.state, ws.cand_n, ws.cand_val,
                           ws.cand_idx, ws.zs, ws.best, ws.best_idx, seed, offset, ws.ticket, R,
                           ws.ids if d2t is None else d2t, ws.ids, ws.desc,
                           NLEV=c.levels, CAP=c.cap, SMALL=max(c.cap // 8, 2), BLOCK=c.block, NBP=nbp,
-                          HAS_D2T=d2t is not None, ADVANCE=advance, PDL=pdl, num_warps=wide, launch_pdl=pdl)
+                          HAS_D2T=d2t is not None, ADVANCE=advance, num_warps=wide, **pdl)
     return ws.ids[:R], ws.desc[:R]
 
 
@@ -671,10 +670,10 @@ def rejection_sample(target_logits, draft_logits, draft_ids, params: SamplingTen
         draft_desc = sample(d_rows, params, seed, offset, ws.draft, rows_per_param=K, advance=False)[1]
     d_desc = draft_desc.view(B * K, 4)
     nb, nbp, block = ws.target.nb, ws.target.nbp, ws.target.cfg.block
-    nprog, pdl = _programs(B, nb, target_logits.device), gpu.pdl(target_logits.device)
+    nprog, pdl = _programs(B, nb, target_logits.device), gpu.pdl_args(target_logits.device)
     _verdict_kernel[(B, nprog)](t_rows, t_rows.stride(0), V, d_rows, d_rows.stride(0), Vd,
                                 t2d if t2d is not None else t_ids, draft_ids, params.temperature, K, t_desc, d_desc,
                                 t_ids, seed, offset, ws.best, ws.best_idx, nb, nprog, ws.seq_ticket, ws.ticket, B,
                                 ws.out, ws.num_emitted, HAS_T2D=t2d is not None, KP=triton.next_power_of_2(K + 1),
-                                BLOCK=block, NBP=nbp, PDL=pdl, num_warps=4, launch_pdl=pdl)
+                                BLOCK=block, NBP=nbp, num_warps=4, **pdl)
     return ws.out[:B], ws.num_emitted[:B]
