@@ -90,6 +90,21 @@ def _codes_i8(q, jj: tl.constexpr, SIGNED: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
+def _scaled(w, s, zs, HAS_ZS: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr):
+    """Codes w [Kd, BN] (code − 8, or code with zero points) → weights w·s (+ zs) in DT, rounded as a bf16/fp16
+    dequantised checkpoint holds them (fp32 in the interpreter); s, zs [BN] fp32."""
+    s_w = s[None, :]
+    zs_w = zs[None, :]
+    if not DOT_F32:
+        s_w = s_w.to(DT)
+        zs_w = zs_w.to(DT)
+    w = w * s_w
+    if HAS_ZS:
+        w = w + zs_w
+    return w
+
+
+@triton.jit
 def _mma(w, x, acc, WEIGHTS_A: tl.constexpr, DOT_F32: tl.constexpr):
     """acc += x [BM, Kd] @ w [Kd, BN]; acc is [BN, BM] when WEIGHTS_A (weights as the A operand), else [BM, BN]."""
     if DOT_F32:                                                # interpreter: exact here in fp32 (see _as_dot_operand)
@@ -130,16 +145,9 @@ def _group_dot_16(x, q, acc, s, zs, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexp
     xs = (tl.reshape(x0, [BM, 32]), tl.reshape(x1, [BM, 32]), tl.reshape(x2, [BM, 32]), tl.reshape(x3, [BM, 32]))
     OFFSET: tl.constexpr = 0 if HAS_ZS else 8
     if WEIGHTS_A:                                              # W = (q − 8)·s or q·s + zs in DT, mma accumulates
-        s_w = s[None, :]
-        zs_w = zs[None, :]
-        if not DOT_F32:
-            s_w = s_w.to(DT)
-            zs_w = zs_w.to(DT)
         for jj in tl.static_range(4):
-            w = _codes_16(q, jj, OFFSET, DT, BN, DOT_F32) * s_w
-            if HAS_ZS:
-                w = w + zs_w
-            acc = _mma(w, xs[jj], acc, True, DOT_F32)
+            acc = _mma(_scaled(_codes_16(q, jj, OFFSET, DT, BN, DOT_F32), s, zs, HAS_ZS, DT, DOT_F32), xs[jj], acc,
+                       True, DOT_F32)
     else:                                                      # exact codes, the group's sum scaled in fp32
         part = tl.zeros([BM, BN], tl.float32)
         for jj in tl.static_range(4):
@@ -200,22 +208,14 @@ def _group_dot_natural(x, q, acc, s, zs, A8: tl.constexpr, HAS_ZS: tl.constexpr,
     else:
         DT = x.dtype
         if DT == tl.float16:
-            w = (c | 0x6400).to(tl.int16).to(DT, bitcast=True)    # 1024 + q, exactly
+            w = (c | 0x6400).to(tl.int16).to(DT, bitcast=True)    # 1024 + q, exactly (as in _codes_16)
             base: tl.constexpr = 1024.0
         else:
             w = (c | 0x4300).to(tl.int16).to(DT, bitcast=True)    # 128 + q
             base: tl.constexpr = 128.0
-        s_w = s[None, :]
-        zs_w = zs[None, :]
         if DOT_F32:                                                # the interpreter has no bf16 arithmetic
             w = w.to(tl.float32)
-        else:
-            s_w = s_w.to(DT)
-            zs_w = zs_w.to(DT)
-        w = (w - (base + OFFSET)) * s_w
-        if HAS_ZS:
-            w = w + zs_w
-        acc = _mma(w, x, acc, False, DOT_F32)
+        acc = _mma(_scaled(w - (base + OFFSET), s, zs, HAS_ZS, DT, DOT_F32), x, acc, False, DOT_F32)
     return acc
 
 

@@ -148,6 +148,12 @@ def _race(x, sel, M, idx, seed, row, off, STREAM: tl.constexpr):
 
 
 @triton.jit
+def _merge_race(best, best_i, s, i):
+    """The race winner over what was raced so far (best, best_i) and one more block's (s, i); ties keep the first."""
+    return tl.maximum(s, best), tl.where(s > best, i, best_i)
+
+
+@triton.jit
 def _combine_blocks(val_ptr, NB, NBP: tl.constexpr):
     i = tl.arange(0, NBP)
     return tl.load(val_ptr + i, mask=i < NB, other=float("-inf")), i
@@ -358,8 +364,7 @@ def _compact_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
             sel = (offs < V) & (x >= t_race)
             if tl.max(sel.to(tl.int32), 0) > 0:
                 s_b, i_b = _race(x, sel, M, offs, seed, r, off, RACE)
-                best_i = tl.where(s_b > best, i_b, best_i)
-                best = tl.maximum(s_b, best)
+                best, best_i = _merge_race(best, best_i, s_b, i_b)
         if (kact | pact) & (kept > 0.0):
             tl.atomic_add(zs_ptr + r, kept, sem="relaxed")
     tl.store(best_ptr + r * NBP + j, best)
@@ -406,8 +411,7 @@ def _fallback(row_ptr, V, inv_t, M, Z, lo, hs, kact, pact, k, p, seed, r, off, B
         offs = start + tl.arange(0, BLOCK)
         x = _load_x(row_ptr, offs, V, inv_t)
         s, i = _race(x, (offs < V) & (x >= tau), M, offs, seed, r, off, RACE)
-        best_i = tl.where(s > best, i, best_i)
-        best = tl.maximum(s, best)
+        best, best_i = _merge_race(best, best_i, s, i)
     return tau, zs, best, best_i
 
 
@@ -568,8 +572,7 @@ def _verdict_kernel(tlog_ptr, t_stride, V, dlog_ptr, d_stride, Vd, t2d_ptr, draf
             res = pv - qv
             # log r − log E; the race picks argmax r / E
             s_b, i_b = _race(tl.log(tl.where(res > 0, res, 1.0)), res > 0, 0.0, offs, seed, rr, off, RESIDUAL)
-            best_i = tl.where(s_b > best, i_b, best_i)
-            best = tl.maximum(s_b, best)
+            best, best_i = _merge_race(best, best_i, s_b, i_b)
     tl.store(best_ptr + bq * NBP + j, best)
     tl.store(best_idx_ptr + bq * NBP + j, best_i)
     # the acq_rel ticket orders every program's stores above before the last one's reads below
