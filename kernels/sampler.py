@@ -163,7 +163,7 @@ def _combine_blocks(val_ptr, NB, NBP: tl.constexpr):
 def _max_and_mass(pmax_ptr, psum_ptr, NB, NBP: tl.constexpr):
     pm, i = _combine_blocks(pmax_ptr, NB, NBP)
     M = tl.max(pm, 0)
-    return M, tl.sum(tl.load(psum_ptr + i, mask=i < NB, other=0.0) * tl.exp(pm - M), 0)
+    return M, tl.sum(tl.load(psum_ptr + i, mask=i < NB, other=0.0) * tl.exp(pm - M), 0), pm
 
 
 @triton.jit
@@ -207,6 +207,35 @@ def _choose(lo, hs, clo, chs, mhs, t, cnt, mass, kact, k, target, P: tl.constexp
     return (tl.where(a < P, tl.sum(tl.where(dn, t, 0.0), 0), lo), tl.where(a > 0, tl.sum(tl.where(up, t, 0.0), 0), hs),
             tl.where(a < P, tl.sum(tl.where(dn, c, 0.0), 0), clo), tl.where(a > 0, tl.sum(tl.where(up, c, 0.0), 0), chs),
             tl.where(a > 0, tl.sum(tl.where(up, m, 0.0), 0), mhs))
+
+
+@triton.jit
+def _pivot_sums(xb, M, t2, gi, cnt, mass, with_mass, PG: tl.constexpr):
+    """cnt, mass [P // PG, PG] += count and Σ exp(x − M) of the elements of xb >= each pivot t2 (pivot g·PG + c at
+    [g, c]; PG pivots per step bound the [len(xb), PG] compare tile)."""
+    if with_mass:
+        e = tl.exp(xb - M)
+    else:
+        e = tl.zeros(xb.shape, tl.float32)
+    for g in tl.static_range(t2.shape[0]):
+        tg = tl.sum(tl.where(gi == g, t2, 0.0), 0)
+        ge = xb[:, None] >= tg[None, :]
+        cnt += tl.where(gi == g, tl.sum(ge.to(tl.int32), 0)[None, :], 0)
+        if with_mass:
+            mass += tl.where(gi == g, tl.sum(tl.where(ge, e[:, None], 0.0), 0)[None, :], 0.0)
+    return cnt, mass
+
+
+@triton.jit
+def _block_floor(pm, t2, gi, k, PG: tl.constexpr):
+    """The first pivot that at least k block maxima pm reach (−inf if none): k elements lie at or above it, so the
+    top-k threshold does too, and the count of every pivot down to it is exact over the elements at or above it
+    (the level's search stops at or before it)."""
+    bc, _ = _pivot_sums(pm, 0.0, t2, gi, tl.zeros(t2.shape, tl.int32), tl.zeros(t2.shape, tl.float32), False, PG)
+    P: tl.constexpr = t2.shape[0] * t2.shape[1]
+    idx = gi * PG + tl.arange(0, PG)[None, :]
+    a = tl.min(tl.min(tl.where(bc >= k, idx, P), 1), 0)
+    return tl.where(a < P, tl.sum(tl.sum(tl.where(idx == a, t2, 0.0), 1), 0), float("-inf"))
 
 
 @triton.jit
@@ -276,7 +305,7 @@ def _level_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, 
     x_next = _load_x(row_ptr, j * BLOCK + tl.arange(0, BLOCK), V, inv_t)   # requested before the bracket is known
     if kact | pact:
         if LEVEL == 0:
-            M, Z = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
+            M, Z, pm = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
             zero = tl.zeros([], tl.float32)
             lo, hs, clo, chs, mhs = zero + float("-inf"), zero + float("inf"), zero + V, zero, zero
         else:
@@ -293,23 +322,21 @@ def _level_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, 
             mass_rows = pact & ~kact   # masses only steer top-p-only rows
             t2 = tl.reshape(t, [P // PG, PG])
             gi = tl.arange(0, P // PG)[:, None]
-            cnt = tl.zeros([P // PG, PG], tl.int32)     # this program's counts and masses, pivot g·PG + c at [g, c]
-            mass = tl.zeros([P // PG, PG], tl.float32)
+            zero2 = tl.zeros([P // PG, PG], tl.int32)   # counts and masses of pivot g·PG + c at [g, c]
+            floor = tl.zeros([], tl.float32) + float("-inf")
+            if LEVEL == 0:
+                if kact:   # top-k rows count only from the block maxima's bound up
+                    floor = _block_floor(pm, t2, gi, k, PG)
+            low = tl.maximum(lo, floor)
+            cnt, mass = zero2, zero2.to(tl.float32)
+            pm_next = tl.load(pmax_ptr + r * NBP + j)
             for b in range(j, NB, NPROG):
-                x = x_next
+                x, pm_b = x_next, pm_next
                 x_next = _load_x(row_ptr, (b + NPROG) * BLOCK + tl.arange(0, BLOCK), V, inv_t)   # (masked at the end)
-                xb = tl.where((x >= lo) & (x < hs), x, float("-inf"))   # bracket elements; the rest is known
-                if tl.max(xb, 0) > float("-inf"):
-                    if mass_rows:
-                        e = tl.exp(xb - M)
-                    else:
-                        e = tl.zeros([BLOCK], tl.float32)
-                    for g in tl.static_range(P // PG):
-                        tg = tl.sum(tl.where(gi == g, t2, 0.0), 0)
-                        ge = xb[:, None] >= tg[None, :]
-                        cnt += tl.where(gi == g, tl.sum(ge.to(tl.int32), 0)[None, :], 0)
-                        if mass_rows:
-                            mass += tl.where(gi == g, tl.sum(tl.where(ge, e[:, None], 0.0), 0)[None, :], 0.0)
+                pm_next = tl.load(pmax_ptr + r * NBP + tl.minimum(b + NPROG, NB - 1))
+                if pm_b >= low:   # the block holds bracket elements (or only elements >= hs, counted as zeros)
+                    xb = tl.where((x >= low) & (x < hs), x, float("-inf"))
+                    cnt, mass = _pivot_sums(xb, M, t2, gi, cnt, mass, mass_rows, PG)
             if tl.sum(tl.sum(cnt, 1), 0) > 0:
                 # relaxed: only the sums matter, and the next kernel reads them (acq_rel would fence each)
                 at = data + gi * PG + tl.arange(0, PG)[None, :]
@@ -348,23 +375,27 @@ def _compact_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
             t_race = tl.where(resolved, lo, tl.where(fits, hi, float("inf")))
             collect = fits & ~resolved
         kept = tl.zeros([], tl.float32)
+        low = tl.minimum(t_race, tl.where(collect, lo, float("inf")))   # below it an element plays no part here
+        pm_next = tl.load(pmax_ptr + r * NBP + j)
         for b in range(j, NB, NPROG):
             offs = b * BLOCK + tl.arange(0, BLOCK)
-            x = x_next
+            x, pm_b = x_next, pm_next
             x_next = _load_x(row_ptr, offs + NPROG * BLOCK, V, inv_t)
-            kept += tl.sum(tl.where(x >= t_race, tl.exp(x - M), 0.0), 0)
-            if collect:
-                w = (x >= lo) & (x < hi)
-                n_here = tl.sum(w.to(tl.int32), 0)
-                if n_here > 0:
-                    base = tl.atomic_add(cand_n_ptr + r, n_here, sem="relaxed")
-                    pos = base + tl.cumsum(w.to(tl.int32), 0) - 1
-                    tl.store(cand_val_ptr + r * CAP + pos, x, mask=w & (pos < CAP))
-                    tl.store(cand_idx_ptr + r * CAP + pos, offs, mask=w & (pos < CAP))
-            sel = (offs < V) & (x >= t_race)
-            if tl.max(sel.to(tl.int32), 0) > 0:
-                s_b, i_b = _race(x, sel, M, offs, seed, r, off, RACE)
-                best, best_i = _merge_race(best, best_i, s_b, i_b)
+            pm_next = tl.load(pmax_ptr + r * NBP + tl.minimum(b + NPROG, NB - 1))
+            if pm_b >= low:
+                kept += tl.sum(tl.where(x >= t_race, tl.exp(x - M), 0.0), 0)
+                if collect:
+                    w = (x >= lo) & (x < hi)
+                    n_here = tl.sum(w.to(tl.int32), 0)
+                    if n_here > 0:
+                        base = tl.atomic_add(cand_n_ptr + r, n_here, sem="relaxed")
+                        pos = base + tl.cumsum(w.to(tl.int32), 0) - 1
+                        tl.store(cand_val_ptr + r * CAP + pos, x, mask=w & (pos < CAP))
+                        tl.store(cand_idx_ptr + r * CAP + pos, offs, mask=w & (pos < CAP))
+                sel = (offs < V) & (x >= t_race)
+                if tl.max(sel.to(tl.int32), 0) > 0:
+                    s_b, i_b = _race(x, sel, M, offs, seed, r, off, RACE)
+                    best, best_i = _merge_race(best, best_i, s_b, i_b)
         if (kact | pact) & (kept > 0.0):
             tl.atomic_add(zs_ptr + r, kept, sem="relaxed")
     tl.store(best_ptr + r * NBP + j, best)
@@ -440,8 +471,8 @@ def _candidates(cv, ci, n, kact, pact, rank, p, M, Z, above, seed, r, off):
 def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, psum_ptr, parg_ptr, NB,
                     NPROG, st_ptr, cand_n_ptr, cand_val_ptr, cand_idx_ptr, zs_ptr, best_ptr, best_idx_ptr,
                     seed_ptr, offset_ptr, ticket_ptr, n_rows, d2t_ptr, ids_ptr, desc_ptr,
-                    NLEV: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr,
-                    NBP: tl.constexpr, HAS_D2T: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr):
+                    NLEV: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr,
+                    BLOCK: tl.constexpr, NBP: tl.constexpr, HAS_D2T: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr):
     """grid (R,): the token and descriptor of each row (the race winners of the NPROG compact programs)."""
     r = tl.program_id(0)
     inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
@@ -454,10 +485,11 @@ def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
     above = tl.load(zs_ptr + r)
     j = tl.arange(0, SMALL)
     cv, ci = tl.load(cand_val_ptr + r * CAP + j), tl.load(cand_idx_ptr + r * CAP + j)
+    jt = tl.arange(0, TINY)
+    cvt, cit = tl.load(cand_val_ptr + r * CAP + jt), tl.load(cand_idx_ptr + r * CAP + jt)
     bs, i = _combine_blocks(best_ptr + r * NBP, NPROG, NBP)
     b_idx = tl.load(best_idx_ptr + r * NBP + i, mask=i < NPROG, other=0)
-    M, Z = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
-    pm, _ = _combine_blocks(pmax_ptr + r * NBP, NB, NBP)
+    M, Z, pm = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
     pa = tl.load(parg_ptr + r * NBP + i, mask=i < NB, other=0)
     tok = tl.sum(tl.where(i == tl.min(tl.where(pm == M, i, NBP), 0), pa, 0), 0)   # greedy: first argmax
     tau, zs = M, tl.zeros([], tl.float32) + 1.0
@@ -473,7 +505,10 @@ def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
                 tau, zs = lo, above
             elif fits:
                 rank = k - tl.where(pact, 0.0, chs).to(tl.int32)   # top-k only: the bracket holds ranks > chs
-                if n <= SMALL:   # the usual case (top-k 20: tens of candidates) sorts a short buffer
+                if n <= TINY:   # the usual case (top-k 20: tens of candidates) sorts a short buffer
+                    tau, zs, cbest, ctok = _candidates(tl.where(jt < n, cvt, float("-inf")), cit, n, kact, pact,
+                                                       rank, p, M, Z, above, seed, r, off)
+                elif n <= SMALL:
                     tau, zs, cbest, ctok = _candidates(tl.where(j < n, cv, float("-inf")), ci, n, kact, pact, rank,
                                                        p, M, Z, above, seed, r, off)
                 else:
@@ -570,9 +605,10 @@ def _verdict_kernel(tlog_ptr, t_stride, V, dlog_ptr, d_stride, Vd, t2d_ptr, draf
             qv = _prob(tl.load(dlog_ptr + rr.to(tl.int64) * d_stride + d, mask=dm, other=0.0),
                        ddesc_ptr + rr * 4 + offs * 0, dm)
             res = pv - qv
-            # log r − log E; the race picks argmax r / E
-            s_b, i_b = _race(tl.log(tl.where(res > 0, res, 1.0)), res > 0, 0.0, offs, seed, rr, off, RESIDUAL)
-            best, best_i = _merge_race(best, best_i, s_b, i_b)
+            if tl.max(res, 0) > 0.0:   # (r is 0 outside the target's support: most blocks skip the draws)
+                # log r − log E; the race picks argmax r / E
+                s_b, i_b = _race(tl.log(tl.where(res > 0, res, 1.0)), res > 0, 0.0, offs, seed, rr, off, RESIDUAL)
+                best, best_i = _merge_race(best, best_i, s_b, i_b)
     tl.store(best_ptr + bq * NBP + j, best)
     tl.store(best_idx_ptr + bq * NBP + j, best_i)
     # the acq_rel ticket orders every program's stores above before the last one's reads below
@@ -622,7 +658,7 @@ def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace =
     _resolve_kernel[(R,)](*rows, ws.pmax, ws.psum, ws.parg, nb, nprog, ws.state, ws.cand_n, ws.cand_val,
                           ws.cand_idx, ws.zs, ws.best, ws.best_idx, seed, offset, ws.ticket, R,
                           ws.ids if d2t is None else d2t, ws.ids, ws.desc,
-                          NLEV=c.levels, CAP=c.cap, SMALL=max(c.cap // 8, 2), BLOCK=c.block, NBP=nbp,
+                          NLEV=c.levels, CAP=c.cap, SMALL=max(c.cap // 8, 2), TINY=max(c.cap // 32, 2), BLOCK=c.block, NBP=nbp,
                           HAS_D2T=d2t is not None, ADVANCE=advance, num_warps=wide, **pdl)
     return ws.ids[:R], ws.desc[:R]
 

@@ -110,6 +110,20 @@ def test_support_descriptor_and_paths(cfg, dtype):
         assert "cand" in seen, seen
 
 
+def test_top_k_bound_from_block_maxima():
+    """Level 0 counts top-k rows only from the first pivot that k block maxima reach: exact whether the top values
+    are spread over many blocks or packed into one (its maxima bound nothing then), and with k above the blocks."""
+    R, V = len(PARAMS), 320
+    t, k, p = zip(*PARAMS)
+    params = S.SamplingTensors.of(list(t), list(k), list(p), DEV)
+    cfg = S.SamplerConfig(block=16, pivots=8, group=4, cap=32, levels=3)
+    spread = tie_heavy_logits(R, V, torch.float32, seed=3)
+    packed = spread.clone()
+    packed[:, 96:128] += 40.0                           # 32 top values in two neighbouring blocks
+    for logits in (spread, packed):
+        check_rows(logits, params, cfg)
+
+
 def test_temperature_rounds_like_the_reference():
     # two adjacent fp32 logits that tie after x / 1.3 but not after x · RN(1/1.3): the top-k = 1 tie group (and so the
     # support) depends on how the temperature is applied, and kernels and reference must apply it the same way
