@@ -116,7 +116,7 @@ def run(peak_Bps: float) -> list:
 
 
 def _gemv_str(p: dict) -> str:
-    return f"gemv {p['block_n']}x{p['warps']}w s{p['split_k']}"
+    return f"gemv {p['block_n']}x{p['warps']}w p{p['programs']}"
 
 
 def _cfg_str(c: Config) -> str:

@@ -117,7 +117,7 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
                        so_b, so_t, so_h, ss_b,
                        scale, T: tl.constexpr, TP: tl.constexpr, HV: tl.constexpr, KV_GROUP: tl.constexpr,
                        DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PROJ_DOT: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, RELOAD_K: tl.constexpr, PDL: tl.constexpr):
     # q, k [B, T, Hk, DK]; v, o [B, T, Hv, DV]; a, b [B, T, Hv]; state [slots, Hv, DK, DV]; slots [B, T]
     # grid (B, Hv, DV / BV); S [DK, BV] fp32 in registers; TP >= max(T, 8) a power of 2. The token loops are
     # unrolled and per-token values are tuples.
@@ -203,7 +203,11 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
             d = d * betas[t]
             o += qk[t * T + t] * d
             ds = ds + (d,)
-            S = S * es[t] + ks[t][:, None] * d[None, :]
+            if RELOAD_K:    # k_t again (an L1 hit): five [DK] vectors live through the chain cost registers
+                k_t = tl.load(k_ptr + bi * sk_b + t * sk_t + kh * sk_h + offs_k).to(tl.float32) * rks[t]
+            else:
+                k_t = ks[t]
+            S = S * es[t] + k_t[:, None] * d[None, :]
             tl.store(state_ptr + slots[t].to(tl.int64) * (HV * DK * DV) + tile, S.to(state_ptr.dtype.element_ty),
                      mask=slots[t] >= 0)
             tl.store(o_ptr + bi * so_b + t * so_t + h * so_h + offs_v, o.to(o_ptr.dtype.element_ty))
@@ -233,9 +237,9 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and a.stride(-1) == b.stride(-1) == 1
     assert state_slots.stride(-1) == 1 and HV % HK == 0
     o = torch.empty(B, T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
-    # 16-column tiles on one warp while that is at most one warp per scheduler (latency-bound: 7.9 µs at B = 1 on
-    # the H200), else 64-column tiles on 4 warps (throughput: 43 / 354 µs at B = 8 / 64, against 52 / 801 on 16 / 1);
-    # bench/kernels_gdn.py --sweep
+    # 16-column tiles on one warp while that is at most one warp per scheduler (latency-bound: 7.4 µs at B = 1 on
+    # the H200), else 64-column tiles on 4 warps (throughput: 39 / 304 µs at B = 8 / 64, against 49 / 773 on 16 / 1);
+    # bench/kernels_gdn.py --sweep. Those reload k_t in the chain: 226 -> 201 registers, 8-13% faster at B = 8 / 64
     narrow = B * HV * triton.cdiv(DV, 16) <= 4 * gpu.num_sms(v.device)
     bv = block_v or min(16 if narrow else 64, DV)
     num_warps = num_warps or (1 if narrow else 4)
@@ -250,5 +254,5 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0),
         DK ** -0.5, T=T, TP=max(8, triton.next_power_of_2(T)), HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv,
-        PROJ_DOT=proj_dot, DOT_PRECISION="tf32" if exact else "tf32x3", num_warps=num_warps, **gpu.pdl_args(v.device))
+        PROJ_DOT=proj_dot, DOT_PRECISION="tf32" if exact else "tf32x3", RELOAD_K=not narrow, num_warps=num_warps, **gpu.pdl_args(v.device))
     return o

@@ -18,10 +18,14 @@ busy at ~70% while DRAM ran at ~30%. Here nothing goes through shared memory and
 * The next group's words, scales and activations are loaded before this group is computed (registers, no
   shared memory); many small CTAs per SM keep bytes in flight. On sm_90 the launch is a programmatic dependent
   launch: the first group's weights stream while the previous kernel finishes.
-Measured on the H200 (bench/results/kernels-h200.md): 0.45-0.67 of the copy bandwidth at M = 1, 0.40-0.59 at
-M = 5, 2-2.7x the Triton kernel; still latency-bound (ncu: half the warp cycles wait on loads). Tried and not
-kept: two register buffers (unrolled by two), L2 prefetch instructions (plain and bulk); a word layout
-[K/128, N, 4, 4] that makes the loads 16-byte measured +3-10% (a layout change the GEMM path would have to share).
+* Stream-K: the (column tile, K group) work units are cut into one equal range per resident CTA, so every SM
+  streams the same bytes (with one split-K count per shape, CTA counts that are no multiple of the SMs left
+  up to 21% of the SMs idle at the end; ncu, 34816x5120). A tile shared by two programs is summed in a workspace.
+Measured on the H200 (bench/results/kernels-h200.md): 0.45-0.72 of the copy bandwidth at M = 1, 0.40-0.64 at
+M = 5, 2-2.7x the Triton kernel; latency-bound (ncu: ~16 resident warps per SM, half their cycles waiting on
+loads; more CTAs do not fit the registers). Tried and not kept: two register buffers (unrolled by two), L2
+prefetch instructions (plain and bulk); a word layout [K/128, N, 4, 4] that makes the loads 16-byte measured
++3-10% (a layout change the GEMM path would have to share).
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
@@ -34,7 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from kernels import device as gpu
-from kernels.splitk import split_count, workspace
+from kernels.splitk import workspace
 from layers.quant import Int4Weight
 
 MAX_ROWS = 16
@@ -125,11 +129,20 @@ def _load(ptrs, mask):
 
 
 @gluon.jit
-def _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, g, N, WAIT: gl.constexpr = False):
-    """Group g's words, activations and scales. WAIT: the weights and scales (constants) are requested first,
-    then the grid waits for the previous kernel (programmatic dependent launch), which may write x."""
-    q = _load(w_ptrs + g * 16 * N, w_ok)
-    s = _load(s_ptrs + g * N, s_ok)
+def _load_unit(w_ptrs, x_ptrs, s_ptrs, x_ok, wr, wt, wb, sr, u, n_groups, N, BN: gl.constexpr,
+               EVEN_N: gl.constexpr, WAIT: gl.constexpr = False):
+    """Work unit u = tile · n_groups + g: group g's words and scales of the tile's columns, and its activations.
+    WAIT: the weights and scales (constants) are requested first, then the grid waits for the previous kernel
+    (programmatic dependent launch), which may write x."""
+    tile = u // n_groups
+    g = u - tile * n_groups
+    n0 = tile * BN
+    if EVEN_N:                  # no row masks: the weight stream is plain unpredicated loads
+        q = gl.load(w_ptrs + g * 16 * N + n0)
+        s = gl.load(s_ptrs + g * N + n0)
+    else:
+        q = gl.load(w_ptrs + g * 16 * N + n0, mask=(n0 + wr < N) & (wt < 4) & (wb < 4), other=0)
+        s = gl.load(s_ptrs + g * N + n0, mask=n0 + sr < N, other=0)
     if WAIT:
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     return q, gl.load(x_ptrs + g * 128, mask=x_ok, other=0.0), s
@@ -150,78 +163,85 @@ def _group_product(q, xg, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: gl.con
 
 
 @gluon.jit
+def _flush(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stride_om, BN: gl.constexpr,
+           BT: gl.constexpr, mma: gl.constexpr):
+    """The tile's sum over `groups` of its n_groups groups: stored when that is all of them, else added into the
+    workspace, and stored by the program whose groups complete the tile's count (as kernels/splitk.store_tile)."""
+    cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+    mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0)
+    out = out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1)
+    if groups == n_groups:
+        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws = ws_ptr + gl.expand_dims(tok, 0) * N + gl.expand_dims(cols, 1)
+        gl.atomic_add(ws, acc, mask=mask, sem="relaxed")
+        gl.thread_barrier()
+        arrived = gl.atomic_add(cnt_ptr + tile, groups, sem="acq_rel")
+        if arrived + groups == n_groups:
+            ws_bits = ws.to(gl.pointer_type(gl.int32), bitcast=True)
+            total = gl.atomic_xchg(ws_bits, gl.zeros([BN, BT], gl.int32, mma), mask=mask, sem="relaxed")
+            gl.store(out, total.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
+            gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
+
+
+@gluon.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_om,
                       w_layout: gl.constexpr, x_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-                      W: gl.constexpr, SPLIT: gl.constexpr, EVEN_N: gl.constexpr, PDL: gl.constexpr):
+                      W: gl.constexpr, EVEN_N: gl.constexpr, PDL: gl.constexpr):
     # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/8, N], s [K/128, N], out [M, N] (any float dtype);
-    # grid (cdiv(N, BN), split-K count); ws fp32 [M·N] and cnt int32 [tiles] zeroed (kernels/splitk.py)
+    # ws fp32 [M·N] and cnt int32 [tiles] zeroed (kernels/splitk.py). Grid (P,): the tiles · K/128 work units
+    # (tile, group), tile-major, are cut into P equal contiguous ranges, one per program ("stream-K"): every SM
+    # streams the same number of groups; a tile split between programs is summed through the workspace.
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     DT: gl.constexpr = x_ptr.dtype.element_ty
     BASE: gl.constexpr = 1032.0 if DT == gl.float16 else 136.0      # 1024 + 8 or 128 + 8
-    pid_n = gl.program_id(0)
-    pid_k = gl.program_id(1)
-    n0 = pid_n * BN
     n_groups = K // 128
-    per_split = gl.cdiv(n_groups, gl.num_programs(1))
-    g_lo = pid_k * per_split
-    g_hi = gl.minimum(g_lo + per_split, n_groups)
+    units = gl.cdiv(N, BN) * n_groups
+    pid = gl.program_id(0)
+    u_lo = pid * units // gl.num_programs(0)
+    u_hi = (pid + 1) * units // gl.num_programs(0)
 
     wr = _arange3(BN, 0, w_layout)
     wt = _arange3(4, 1, w_layout)
     wb = _arange3(4, 2, w_layout)
-    w_ptrs = qw_ptr + (4 * wb + wt) * N + n0 + wr
+    w_ptrs = qw_ptr + (4 * wb + wt) * N + wr
     xk = gl.arange(0, 128, layout=gl.SliceLayout(1, x_layout))
     xt = gl.arange(0, BT, layout=gl.SliceLayout(0, x_layout))
     x_ok = gl.expand_dims(xk < 128, 1) & gl.expand_dims(xt < M, 0)
     x_ptrs = x_ptr + gl.expand_dims(xt, 0).to(gl.int64) * stride_xm + gl.expand_dims(xk, 1)
     sr = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    rows_ok = n0 + sr < N
-    s_ptrs = s_ptr + n0 + sr
-    if EVEN_N:                  # no row masks: the weight stream is plain unpredicated loads
-        w_ok = None
-        s_ok = None
-    else:
-        w_ok = (n0 + wr < N) & (wt < 4) & (wb < 4)
-        s_ok = rows_ok
+    s_ptrs = s_ptr + sr
 
     acc = gl.zeros([BN, BT], gl.float32, mma)
-    # registers hold the next group while this one is computed: no shared memory, no barrier. The last
-    # iteration reloads its own group instead of masking the prefetch (no predicates in the loop).
+    # registers hold the next unit while this one is computed: no shared memory, no barrier. The last
+    # iteration reloads its own unit instead of masking the prefetch (no predicates in the loop).
     if PDL:
         # Programmatic dependent launch (sm_90): let the next kernel's CTAs start as ours retire, and start our
-        # weight stream while the previous kernel finishes (_load_group waits for it only before reading x).
+        # weight stream while the previous kernel finishes (_load_unit waits for it only before reading x).
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
-    nxt = _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, g_lo, N, PDL)
-    for g in range(g_lo, g_hi):
+    nxt = _load_unit(w_ptrs, x_ptrs, s_ptrs, x_ok, wr, wt, wb, sr, u_lo, n_groups, N, BN, EVEN_N, PDL)
+    for u in range(u_lo, u_hi):
         q, xg, s = nxt
-        nxt = _load_group(w_ptrs, x_ptrs, s_ptrs, w_ok, x_ok, s_ok, gl.minimum(g + 1, g_hi - 1), N)
+        nxt = _load_unit(w_ptrs, x_ptrs, s_ptrs, x_ok, wr, wt, wb, sr, gl.minimum(u + 1, u_hi - 1), n_groups, N,
+                         BN, EVEN_N)
         acc = _group_product(q, xg, s, acc, BN, BT, DT, BASE, mma, a_op, b_op)
-
-    tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-    mask = gl.expand_dims(rows_ok, 1) & gl.expand_dims(tok < M, 0)
-    out = out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(n0 + sr, 1)
-    if not SPLIT:
-        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:                                                           # as kernels/splitk.store_tile
-        ws = ws_ptr + gl.expand_dims(tok, 0) * N + gl.expand_dims(n0 + sr, 1)
-        gl.atomic_add(ws, acc, mask=mask, sem="relaxed")
-        gl.thread_barrier()
-        arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == gl.num_programs(1) - 1:
-            ws_bits = ws.to(gl.pointer_type(gl.int32), bitcast=True)
-            total = gl.atomic_xchg(ws_bits, gl.zeros([BN, BT], gl.int32, mma), mask=mask, sem="relaxed")
-            gl.store(out, total.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
-            gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed")
+        if (u + 1 == u_hi) | ((u + 1) % n_groups == 0):            # the tile's last group, or the range's
+            tile = u // n_groups
+            _flush(acc, tile, u + 1 - gl.maximum(u_lo, tile * n_groups), n_groups, out_ptr, ws_ptr, cnt_ptr, M,
+                   N, stride_om, BN, BT, mma)
+            acc = gl.zeros([BN, BT], gl.float32, mma)
 
 
-# Per row bucket (upper bound inclusive): columns per CTA, warps per CTA, and how many CTAs per SM split-K aims
-# for (these CTAs use ~128 registers per thread, so 8 of 2 warps fit an SM). From an H200 sweep at the 27B
-# shapes (bench/kernels_int4.py --sweep): one row prefers wider tiles, a verify step's 5 rows more CTAs.
-ROW_BUCKETS = ((1, dict(block_n=128, warps=2, ctas_per_sm=8)), (16, dict(block_n=64, warps=2, ctas_per_sm=12)))
-
+# Per row bucket (upper bound inclusive): columns per CTA, warps per CTA, and CTAs per SM in the grid: as many as
+# stay resident at once (64K registers per SM: 2-warp CTAs of 128 registers per thread (8 tokens) fit 8 times,
+# of 168 (16 tokens) 6 times; a program waiting for a second wave doubles the time). H200 sweep at the 27B
+# shapes (bench/kernels_int4.py --sweep): 16 resident warps per SM beat fewer; the tile shape matters little.
+ROW_BUCKETS = ((1, dict(block_n=128, warps=2, ctas_per_sm=8)), (8, dict(block_n=64, warps=2, ctas_per_sm=8)),
+               (16, dict(block_n=64, warps=2, ctas_per_sm=6)))
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
     """Whether this kernel takes the call: CUDA sm_80+, ≤ 16 rows, symmetric weights, group 128."""
@@ -231,30 +251,30 @@ def supports(x: torch.Tensor, w: Int4Weight) -> bool:
 
 
 def pick(m: int, n: int, k: int, device, **override) -> dict:
-    """Launch parameters for m rows: the bucket's tile, and a split-K that fills the GPU about once."""
+    """Launch parameters for m rows: the bucket's tile, and one program per CTA slot of a wave (at most one per
+    work unit)."""
     p = dict(next(p for bound, p in ROW_BUCKETS if m <= bound), **override)
     c = p.pop("ctas_per_sm")
-    p.setdefault("split_k", split_count(triton.cdiv(n, p["block_n"]), k // 128, c, gpu.num_sms(device)))
+    p.setdefault("programs", min(triton.cdiv(n, p["block_n"]) * (k // 128), c * gpu.num_sms(device)))
     return p
 
 
 def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = None, warps: int = None,
-              split_k: int = None) -> torch.Tensor:
-    """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype); tile parameters default to pick()."""
+              programs: int = None) -> torch.Tensor:
+    """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype); launch parameters default to pick()."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     out2 = out.view(-1, n)
     assert m <= MAX_ROWS and x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
-    given = {key: v for key, v in dict(block_n=block_n, warps=warps, split_k=split_k).items() if v is not None}
+    given = {key: v for key, v in dict(block_n=block_n, warps=warps, programs=programs).items() if v is not None}
     p = pick(m, n, k, x.device, **given)
     pdl = gpu.capability(x.device) >= (9, 0)                       # griddepcontrol is sm_90+
     bt = 8 if m <= 8 else 16
-    tiles = triton.cdiv(n, p["block_n"])
-    ws, cnt = workspace(x.device, m * n if p["split_k"] > 1 else 1, tiles)
+    ws, cnt = workspace(x.device, m * n, triton.cdiv(n, p["block_n"]))
     w_layout, x_layout = layouts(p["block_n"], bt, p["warps"])
-    _int4_gemv_kernel[(tiles, p["split_k"])](
+    _int4_gemv_kernel[(p["programs"],)](
         x2, w.qweight, w.scales, out2, ws, cnt, m, n, k, x2.stride(0), out2.stride(0),
-        w_layout, x_layout, p["block_n"], bt, p["warps"], p["split_k"] > 1, n % p["block_n"] == 0, pdl,
+        w_layout, x_layout, p["block_n"], bt, p["warps"], n % p["block_n"] == 0, pdl,
         num_warps=p["warps"], launch_pdl=pdl)
     return out

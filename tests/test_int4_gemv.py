@@ -21,14 +21,15 @@ def case(m, n, k, xdt, sdt, seed):
     return x, w, x.float() @ dequantize_int4(w).T
 
 
-# M across both token widths (8, 16), N an odd multiple of 8 (ragged last tile), K odd numbers of groups
+# M across both token widths (8, 16), N an odd multiple of 8 (ragged last tile), K odd numbers of groups; the
+# programs cut the tiles' groups into ranges that end inside tiles, span several, or take one group or tile each
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg", [
-    (1, 40, 128, torch.bfloat16, torch.float16, dict(block_n=64, warps=2, split_k=1)),
-    (3, 136, 384, torch.bfloat16, torch.bfloat16, dict(block_n=32, warps=2, split_k=3)),
-    (5, 200, 640, torch.float16, torch.float16, dict(block_n=64, warps=2, split_k=2)),
-    (8, 1032, 1152, torch.bfloat16, torch.float16, dict(block_n=128, warps=4, split_k=4)),
-    (9, 136, 384, torch.float16, torch.bfloat16, dict(block_n=64, warps=4, split_k=1)),
-    (16, 520, 896, torch.bfloat16, torch.float16, dict(block_n=128, warps=2, split_k=7)),
+    (1, 40, 128, torch.bfloat16, torch.float16, dict(block_n=64, warps=2, programs=1)),
+    (3, 136, 384, torch.bfloat16, torch.bfloat16, dict(block_n=32, warps=2, programs=4)),
+    (5, 200, 640, torch.float16, torch.float16, dict(block_n=64, warps=2, programs=7)),
+    (8, 1032, 1152, torch.bfloat16, torch.float16, dict(block_n=128, warps=4, programs=10)),
+    (9, 136, 384, torch.float16, torch.bfloat16, dict(block_n=64, warps=4, programs=9)),
+    (16, 520, 896, torch.bfloat16, torch.float16, dict(block_n=128, warps=2, programs=3)),
 ])
 def test_int4_gemv(m, n, k, xdt, sdt, cfg):
     x, w, ref = case(m, n, k, xdt, sdt, m * 1000 + n + k)
@@ -37,7 +38,7 @@ def test_int4_gemv(m, n, k, xdt, sdt, cfg):
     assert not out.isnan().any()
     assert rel_err(out, ref) < 1e-3, rel_err(out, ref)                   # exact codes, fp32 sums, x rounded only
     ws, cnt = workspace(x.device, 1, 1)
-    assert not ws.any() and not cnt.any()                                # split-K leaves its workspace zeroed
+    assert not ws.any() and not cnt.any()                                # split tiles leave the workspace zeroed
 
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)
