@@ -116,7 +116,7 @@ def run(peak_Bps: float) -> list:
 
 
 def _gemv_str(p: dict) -> str:
-    return f"gemv {p['block_n']}x{p['warps']}w p{p['programs']}"
+    return f"gemv {p['block_n']}x{p['warps']}w st{p['stages']} p{p['programs']}"
 
 
 def _cfg_str(c: Config) -> str:
@@ -136,8 +136,9 @@ A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, weights_a
 
 
 # Alternatives to int4_gemv.ROW_BUCKETS for --sweep
-GEMV_VARIANTS = [dict(block_n=bn, warps=w, ctas_per_sm=c) for bn, w, c in
-                 ((64, 2, 8), (64, 2, 12), (128, 2, 8), (128, 4, 4), (128, 2, 12), (256, 4, 4))]
+GEMV_VARIANTS = [dict(block_n=bn, warps=w, stages=st, ctas_per_sm=c) for bn, w, st, c in
+                 ((128, 2, 2, 8), (128, 2, 3, 8), (128, 2, 4, 6), (64, 2, 2, 8), (64, 2, 4, 10), (128, 4, 2, 4),
+                  (64, 1, 4, 16))]
 
 
 def sweep(peak_Bps: float) -> list:

@@ -31,6 +31,14 @@ def num_sms(dev: torch.device) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
 
 
+@functools.lru_cache(maxsize=None)
+def smem_per_sm(dev: torch.device) -> int:
+    """Shared memory per multiprocessor in bytes (an H200's 228 KiB off the GPU)."""
+    if dev.type != "cuda":
+        return 233472
+    return torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
+
+
 def pdl(dev: torch.device) -> bool:
     """Launch with programmatic dependent launch (griddepcontrol is sm_90+; the interpreter has no inline asm)."""
     return not INTERPRET and dev.type != "cpu" and capability(dev) >= (9, 0)

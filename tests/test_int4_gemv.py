@@ -22,12 +22,13 @@ def case(m, n, k, xdt, sdt, seed):
 
 
 # M across both token widths (8, 16), N an odd multiple of 8 (ragged last tile), K odd numbers of groups; the
-# programs cut the tiles' groups into ranges that end inside tiles, span several, or take one group or tile each
+# programs cut the tiles' groups into ranges that end inside tiles, span several, or take one group or tile each;
+# rings of 2 (the default), 3 and 4 stages
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg", [
     (1, 40, 128, torch.bfloat16, torch.float16, dict(block_n=64, warps=2, programs=1)),
     (3, 136, 384, torch.bfloat16, torch.bfloat16, dict(block_n=32, warps=2, programs=4)),
-    (5, 200, 640, torch.float16, torch.float16, dict(block_n=64, warps=2, programs=7)),
-    (8, 1032, 1152, torch.bfloat16, torch.float16, dict(block_n=128, warps=4, programs=10)),
+    (5, 200, 640, torch.float16, torch.float16, dict(block_n=64, warps=2, programs=7, stages=3)),
+    (8, 1032, 1152, torch.bfloat16, torch.float16, dict(block_n=128, warps=4, programs=10, stages=4)),
     (9, 136, 384, torch.float16, torch.bfloat16, dict(block_n=64, warps=4, programs=9)),
     (16, 520, 896, torch.bfloat16, torch.float16, dict(block_n=128, warps=2, programs=3)),
 ])
