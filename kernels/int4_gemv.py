@@ -23,9 +23,9 @@ and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran
   streams the same bytes (with one split-K count per shape, CTA counts that are no multiple of the SMs left
   up to 21% of the SMs idle at the end; ncu, 34816x5120). A tile shared by two programs is summed in a workspace.
 Measured on the H200 (bench/results/kernels-h200.md): 0.44-0.78 of the copy bandwidth at M = 1, 0.39-0.72 at
-M = 5 (the small shapes pay the launch's fixed latency: their copy floor is 0.71-0.89); latency-bound (ncu:
-~16 resident warps per SM, half their cycles waiting on loads). Tried and not kept: 3-4 ring stages (fewer CTAs
-fit the shared memory: slower), 64-column tiles, two register buffers, L2 prefetch instructions (plain and bulk).
+M = 5 (the small shapes pay the launch's fixed latency: their copy floor is 0.71-0.89). Tried and not kept: 3-4
+ring stages (fewer CTAs fit the shared memory: slower), 64-column tiles, activations in the ring too, fewer
+registers (maxnreg) for 9-10 CTAs per SM (no faster), two register buffers, L2 prefetch instructions.
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
@@ -51,7 +51,8 @@ def _log2(v: int) -> int:
 
 def layouts(bn: int, bt: int, warps: int):
     """(words [BN, 4 (t), 4 (b)], activations [128, BT] in k order) layouts that hand each thread what its mma
-    fragments need (the words read back from a ring stage). Row r of a CTA tile: bits 0-2 lane/4, bit 3 register, bit 4.. warp, then registers."""
+    fragments need (the words read back from a ring stage). Row r of a CTA tile: bits 0-2 lane/4, bit 3 register,
+    bit 4.. warp, then registers."""
     warp_rows = [[16 << i, 0, 0] for i in range(_log2(warps))]
     rep_rows = [[16 * warps << i, 0, 0] for i in range(_log2(bn // (16 * warps)))]
     words = gl.DistributedLinearLayout(                             # word 4b + t of the group, column `row`
@@ -270,6 +271,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # beat 6-7 of 3-4 stages (0.63 / 0.58 of the copy bandwidth at M = 1), and 128 columns beat 64 (0.56 / 0.44 at 8).
 ROW_BUCKETS = ((8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8)),
                (16, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6)))
+
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
     """Whether this kernel takes the call: CUDA sm_80+, ≤ 16 rows, symmetric weights, group 128."""

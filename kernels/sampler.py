@@ -472,7 +472,8 @@ def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
                     NPROG, st_ptr, cand_n_ptr, cand_val_ptr, cand_idx_ptr, zs_ptr, best_ptr, best_idx_ptr,
                     seed_ptr, offset_ptr, ticket_ptr, n_rows, d2t_ptr, ids_ptr, desc_ptr,
                     NLEV: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr,
-                    BLOCK: tl.constexpr, NBP: tl.constexpr, HAS_D2T: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK: tl.constexpr, NBP: tl.constexpr, HAS_D2T: tl.constexpr, ADVANCE: tl.constexpr,
+                    PDL: tl.constexpr):
     """grid (R,): the token and descriptor of each row (the race winners of the NPROG compact programs)."""
     r = tl.program_id(0)
     inv_t, k, p, sampled, kact, pact = _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V)
@@ -658,8 +659,8 @@ def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace =
     _resolve_kernel[(R,)](*rows, ws.pmax, ws.psum, ws.parg, nb, nprog, ws.state, ws.cand_n, ws.cand_val,
                           ws.cand_idx, ws.zs, ws.best, ws.best_idx, seed, offset, ws.ticket, R,
                           ws.ids if d2t is None else d2t, ws.ids, ws.desc,
-                          NLEV=c.levels, CAP=c.cap, SMALL=max(c.cap // 8, 2), TINY=max(c.cap // 32, 2), BLOCK=c.block, NBP=nbp,
-                          HAS_D2T=d2t is not None, ADVANCE=advance, num_warps=wide, **pdl)
+                          NLEV=c.levels, CAP=c.cap, SMALL=max(c.cap // 8, 2), TINY=max(c.cap // 32, 2), BLOCK=c.block,
+                          NBP=nbp, HAS_D2T=d2t is not None, ADVANCE=advance, num_warps=wide, **pdl)
     return ws.ids[:R], ws.desc[:R]
 
 
