@@ -9,11 +9,16 @@ paid per program, and the next block is requested while one is processed):
   stats    per block: max, Σexp, argmax of x = logits / T.
   level l  P pivots inside the bracket [lo, hs) known to hold the threshold; each program counts (and, for
            top-p-only rows, sums exp of) its bracket elements >= each pivot; sums are atomics. The next pass
-           narrows the bracket to one pivot gap. Level 0 spreads pivots over [M − 64, M], later ones evenly.
+           narrows the bracket to one pivot gap. Level 0 spreads pivots over [M − 64, M], later ones evenly;
+           for top-k rows it counts only elements at or above the first pivot that k block maxima reach (the
+           threshold lies there or above, so the counts the search reads stay exact).
   compact  copies the <= CAP candidates out (the bracket; every element >= lo for top-k with top-p, whose cut
            needs the whole top-k set); races and sums the elements surely kept.
-  resolve  one program per row sorts the candidates, finds the exact threshold and races them. Rows whose
-           bracket still overflows (a tie group larger than CAP at the cut) take an exact bisection over the row.
+  resolve  one program per row sorts the candidates (a 64-, 256- or CAP-wide buffer), finds the exact threshold
+           and races them. Rows whose bracket still overflows (a tie group larger than CAP at the cut) take an
+           exact bisection over the row.
+Level and compact passes skip a block whose maximum (from stats) lies below everything the pass needs; with top-k
+rows most blocks do (H200, 5 rows + rejection: 43 -> 35 µs).
 Sampling is an exponential race, argmax over the support of (x − M) − log E_v with E_v ~ Exp(1) drawn from
 Philox(seed; v, row, offset, stream); seed and offset are device tensors and the last kernel advances offset.
 Rejection sampling (rejection_sample) is one more pass: each sequence's first rejected draft position, the race
