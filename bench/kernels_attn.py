@@ -61,6 +61,11 @@ def verify_rows(peak, sms):
             us = time_verify(case, nseg, partials, kv_fmt=fmt)
             rows_out.append(row(f"attn_verify[{FMT_NAME[fmt]}]", f"B{B} ctx{ctx} q{Q_LEN}", us, verify_bytes(B, ctx, 1),
                                 4 * B * Q_LEN * HQ * ctx * D, peak, nseg=nseg))
+        # the same V stored keys-fastest, as kernels/kv_write.kv_cache allocates it
+        case = case[:2] + (case[2].transpose(2, 3).contiguous().transpose(2, 3),) + case[3:]
+        us = time_verify(case, nseg, partials)
+        rows_out.append(row(f"attn_verify[{FMT_NAME[kv_format(case[1])]}, V keys-fastest]", f"B{B} ctx{ctx} q{Q_LEN}",
+                            us, verify_bytes(B, ctx, 1), 4 * B * Q_LEN * HQ * ctx * D, peak, nseg=nseg))
         del case
         if B == 1:
             case = make_case(B, ctx, fp8=False)

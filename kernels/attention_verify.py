@@ -46,11 +46,12 @@ def _load_kv(ptrs, mask, KV_FMT: tl.constexpr):
 
 @triton.jit
 def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, out_ptr, part_ptr,
-                   q_len, nseg, n_tiles, qk_scale,
-                   s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, s_cs, s_ch, s_cn, s_pb, s_ph, s_pt, s_ps,
+                   q_len, nseg, n_tiles, qk_scale, max_len,
+                   s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, s_cs, s_ch, s_cn, s_vs, s_vh, s_vn, s_vd, s_pb, s_ph, s_pt, s_ps,
                    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    KV_FMT: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr):
-    # q, out [B, q_len, Hq, D] (D contiguous); k/v cache [slots, Hkv, max_len, D]; k/v scales [Hkv] fp32;
+    # q, out [B, q_len, Hq, D] (D contiguous); k cache [slots, Hkv, max_len, D] (D contiguous), v cache of the same
+    # shape with its own strides s_v* (kernels/kv_write.kv_cache: keys contiguous); k/v scales [Hkv] fp32;
     # cache_rows, kv_lens [B] int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 (SPLIT only).
     # Grid (B * n_tiles, Hkv, nseg).
     b = tl.program_id(0) // n_tiles
@@ -87,7 +88,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
         # keys past this tile's last row's limit are never needed (prefill tiles stop early)
         hi = tl.minimum(start + seg_len, kv_len - q_len + tl.minimum((tile + 1) * BLOCK_M - 1, q_len * G - 1) // G + 1)
         k_base = kc_ptr + slot.to(tl.int64) * s_cs + kvh * s_ch
-        v_base = vc_ptr + slot.to(tl.int64) * s_cs + kvh * s_ch
+        v_base = vc_ptr + slot.to(tl.int64) * s_vs + kvh * s_vh
 
         m_i = tl.full([BLOCK_M], _NEG, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -98,7 +99,10 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
             # K is loaded already transposed, so only elementwise ops sit between load and dot (no tl.trans):
             # H200, bf16 KV: 9-16 % faster than loading [BLOCK_N, D] and transposing; fp8 unchanged (~2 %)
             kt = _load_kv(k_base + offs_d[:, None] + offs_n[None, :] * s_cn, in_kv[None, :], KV_FMT)
-            v = _load_kv(v_base + offs_n[:, None] * s_cn + offs_d[None, :], in_kv[:, None], KV_FMT)
+            # V rows past the tile's keys meet p = 0 and hold finite values (kernels/kv_write.py), so V is masked
+            # by the allocation only: stored keys-fastest, its loads stay whole 16-byte copies along the keys
+            v = _load_kv(v_base + offs_n[:, None] * s_vn + offs_d[None, :] * s_vd, offs_n[:, None] < max_len,
+                         KV_FMT)
             if DOT_FP32:
                 kt = kt.to(tl.float32)
                 v = v.to(tl.float32)
@@ -191,14 +195,15 @@ def default_launch(block_m: int, capability: tuple) -> tuple:
 def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials=None, nseg=1,
            block_m=None, block_n=None, kv_fmt=None, num_warps=None, num_stages=None):
     """Attention of the q_len new tokens of each row over its cache (which already holds them).
-    q, out [B, q_len, Hq, D]; caches [slots, Hkv, max_len, D] (uint8 e4m3 codes or bf16); scales [Hkv] fp32
+    q, out [B, q_len, Hq, D]; caches [slots, Hkv, max_len, D] (uint8 e4m3 codes or bf16; V any strided view, best
+    keys-fastest as kernels/kv_write.kv_cache allocates it); scales [Hkv] fp32
     (None for bf16); cache_rows, kv_lens [B] int32; partials from alloc_partials when nseg > 1.
     block_m None packs all q_len·G rows in one tile (verify); prefill passes a tile size."""
     B, q_len, hq, D = q.shape
     hkv = k_cache.shape[1]
     G = hq // hkv
     assert hq == G * hkv and D == triton.next_power_of_2(D) and q.stride(-1) == 1 and out.stride(-1) == 1
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and k_cache.shape[-1] == D
+    assert k_cache.stride(-1) == 1 and k_cache.shape[-1] == D and v_cache.shape == k_cache.shape
     fmt = kv_format(k_cache) if kv_fmt is None else kv_fmt
     if fmt != KV_BF16:
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
@@ -219,8 +224,8 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     s_part = partials.stride()[:4] if split else (0, 0, 0, 0)
     _attend_kernel[(B * n_tiles, hkv, nseg)](
         q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part,
-        q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D),
-        *q.stride()[:3], *out.stride()[:3], *k_cache.stride()[:3], *s_part,
+        q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D), k_cache.shape[2],
+        *q.stride()[:3], *out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride(), *s_part,
         G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, DOT_FP32=gpu.INTERPRET,
         num_warps=num_warps, num_stages=num_stages, **pdl)
     if split:

@@ -1,12 +1,15 @@
 """Write new K/V tokens into the attention KV cache, quantising to fp8 e4m3 on the way in.
-
 KV cache layout (one pair per full-attention layer, shared by every kernel in kernels/attention_*.py):
   k_cache, v_cache  [num_slots, Hkv, max_len, D]   uint8 (e4m3 codes) or bf16; one slot per resident sequence
   k_scale, v_scale  [Hkv] fp32                      per-(layer, kv-head) static scales; stored code = x / scale
   cache_rows        [B] int32                       slot of batch row b; < 0 marks a padding row (skipped)
   kv_lens           [B] int32                       tokens in the cache for row b INCLUDING the new ones, so the
                                                     n new tokens of row b sit at positions kv_len - n … kv_len - 1
-Contiguous D and max_len make one token of one head a contiguous D-vector and a KV tile a dense 2-D block."""
+K is contiguous (one token of one head a D-vector). V may be any strided view of that shape; kv_cache() stores it
+keys-fastest ([slots, Hkv, D, max_len] memory), the layout in which the attention's P·V operand is read as whole
+words: on the H200, fp8, 11-13% faster than D-fastest V (B1 16k 22.1 -> 19.6 µs, 64k 60.7 -> 53.2, B64 16k
+861 -> 764). The kernels read V up to max_len, not the sequence's length (so the loads vectorise along the keys):
+entries past a sequence's length must be finite, which a zeroed cache and write_kv keep true."""
 import torch
 import triton
 import triton.language as tl
@@ -17,10 +20,11 @@ from kernels.fp8 import e4m3_encode, encode_e4m3_ref
 
 @triton.jit
 def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, n_new,
-                     s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_cs, s_ch, s_cn,
+                     s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd,
                      D: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
     # k, v: [B, n_new, Hkv, D] (strides s_*b, s_*t, s_*h; D contiguous); caches [slots, Hkv, max_len, D]
-    # (k and v caches share strides s_c*). Grid (B * n_new, Hkv): one token of one kv head per program.
+    # (k cache strides s_c*, D contiguous; v cache strides s_vc*, any). Grid (B * n_new, Hkv): one token of one kv
+    # head per program.
     pdl_wait(PDL)
     b = tl.program_id(0) // n_new
     t = tl.program_id(0) % n_new
@@ -32,19 +36,28 @@ def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, len
         k = tl.load(k_ptr + b * s_kb + t * s_kt + h * s_kh + offs).to(tl.float32)
         v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs).to(tl.float32)
         dst = slot.to(tl.int64) * s_cs + h * s_ch + pos.to(tl.int64) * s_cn + offs
+        v_dst = slot.to(tl.int64) * s_vcs + h * s_vch + pos.to(tl.int64) * s_vcn + offs * s_vcd
         if FP8:
             # exact division so the codes match torch's reference cast bit for bit
             k = e4m3_encode(tl.div_rn(k, tl.load(ks_ptr + h)))
             v = e4m3_encode(tl.div_rn(v, tl.load(vs_ptr + h)))
         tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty))
-        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty))
+        tl.store(vc_ptr + v_dst, v.to(vc_ptr.dtype.element_ty))
+
+
+def kv_cache(num_slots: int, num_kv_heads: int, max_len: int, head_dim: int, dtype, device):
+    """A zeroed (k_cache, v_cache) pair [num_slots, Hkv, max_len, D] of dtype (torch.uint8 for e4m3 codes, or
+    torch.bfloat16), V stored keys-fastest. Allocate once, before any graph capture."""
+    k = torch.zeros(num_slots, num_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+    v = torch.zeros(num_slots, num_kv_heads, head_dim, max_len, dtype=dtype, device=device).transpose(2, 3)
+    return k, v
 
 
 def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):
     """k_new, v_new [B, n_new, Hkv, D] -> caches at positions kv_lens[b] - n_new … kv_lens[b] - 1 of slot
     cache_rows[b]. fp8 (uint8) caches store e4m3(x / scale); bf16 caches ignore the scales (pass None)."""
     B, n_new, hkv, D = k_new.shape
-    assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1 and v_cache.shape == k_cache.shape
     assert k_cache.stride(-1) == 1 and k_cache.shape[1] == hkv and k_cache.shape[3] == D
     fp8 = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)
     if fp8:
@@ -53,7 +66,7 @@ def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_le
         k_scale = v_scale = cache_rows  # unused placeholders for the pointer arguments
     _kv_write_kernel[(B * n_new, hkv)](
         k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, n_new,
-        *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3], D=D, FP8=fp8, **pdl_args(k_new.device))
+        *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3], *v_cache.stride(), D=D, FP8=fp8, **pdl_args(k_new.device))
 
 
 def write_kv_ref(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):

@@ -64,7 +64,7 @@ def launches():
     rows, lens = empty(B, dtype=torch.int32), empty(B, dtype=torch.int32)
     scale = empty(HKV, dtype=torch.float32)
     for cache_dtype in (torch.uint8, torch.bfloat16):
-        kc, vc = empty(B, HKV, 4096, D, dtype=cache_dtype), empty(B, HKV, 4096, D, dtype=cache_dtype)
+        kc, vc = empty(B, HKV, 4096, D, dtype=cache_dtype), empty(B, HKV, D, 4096, dtype=cache_dtype).transpose(2, 3)
         fmts = (attention_verify.KV_BF16,) if cache_dtype == torch.bfloat16 else \
             (attention_verify.KV_FP8_BITS, attention_verify.KV_FP8_NATIVE)
         for fmt in fmts:

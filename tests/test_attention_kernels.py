@@ -9,7 +9,7 @@ from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, attention_ref, choose_nseg,
                                       verify_attention)
 from kernels.fp8 import decode_e4m3, decode_e4m3_ref, encode_e4m3, encode_e4m3_ref
-from kernels.kv_write import kv_scales_from, write_kv, write_kv_ref
+from kernels.kv_write import kv_cache, kv_scales_from, write_kv, write_kv_ref
 from tests.fixtures import rel_err
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -30,11 +30,17 @@ def random_cache(slots, hkv, max_len, D, fp8, gen):
     return torch.randn(slots, hkv, max_len, D, generator=gen).bfloat16().to(DEV)
 
 
-def setup(B, q_len, hq, hkv, D, lens, fp8, seed=0, max_len=None, slots=None):
+def v_transposed(vc):
+    """The same V cache stored keys-fastest ([slots, Hkv, D, max_len] memory, the same [.., max_len, D] view)."""
+    return vc.transpose(2, 3).contiguous().transpose(2, 3)
+
+
+def setup(B, q_len, hq, hkv, D, lens, fp8, seed=0, max_len=None, slots=None, vt=False):
     gen = torch.Generator().manual_seed(seed)
     max_len = max_len or max(lens) + 3
     slots = slots or B + 2
     kc, vc = (random_cache(slots, hkv, max_len, D, fp8, gen) for _ in range(2))
+    vc = v_transposed(vc) if vt else vc
     ks, vs = ((torch.rand(hkv, generator=gen) + 0.25).to(DEV) if fp8 else None for _ in range(2))
     rows = torch.randperm(slots, generator=gen)[:B].to(torch.int32).to(DEV)
     kv_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
@@ -72,11 +78,12 @@ def test_e4m3_encode_matches_torch():
 
 # ---- KV writer -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fp8", [True, False])
-def test_write_kv_matches_reference(fp8):
+@pytest.mark.parametrize("fp8,vt", [(True, False), (False, False), (True, True)])
+def test_write_kv_matches_reference(fp8, vt):
     B, n_new, hkv, D = 3, 4, 2, 32
     gen = torch.Generator().manual_seed(2)
     kc, vc = (random_cache(5, hkv, 40, D, fp8, gen) for _ in range(2))
+    vc = v_transposed(vc) if vt else vc
     kc_ref, vc_ref = kc.clone(), vc.clone()
     k = (torch.randn(B, n_new, hkv, D, generator=gen) * 3).bfloat16().to(DEV)
     v = torch.randn(B, n_new, hkv, D, generator=gen).bfloat16().to(DEV)
@@ -106,6 +113,27 @@ def test_write_kv_round_trip():
             assert ((back - x).abs() <= x.abs() / 16 + scale.view(-1, 1) * 2.0 ** -10).all()
 
 
+@pytest.mark.parametrize("fp8", [True, False])
+def test_kv_cache_written_then_attended(fp8):
+    """kv_cache's pair (zeroed, V keys-fastest) filled by write_kv in two steps, then attended (the kernel reads V
+    to max_len: the zeros past each sequence's length must not matter)."""
+    hkv, hq, D, max_len = 2, 4, 16, 48
+    kc, vc = kv_cache(3, hkv, max_len, D, torch.uint8 if fp8 else torch.bfloat16, DEV)
+    assert not kc.any() and not vc.any() and vc.stride(2) == 1 and vc.shape == kc.shape
+    gen = torch.Generator().manual_seed(4)
+    rows = torch.tensor([2, 0], dtype=torch.int32, device=DEV)
+    k = (torch.randn(2, 20, hkv, D, generator=gen) * 2).bfloat16().to(DEV)
+    v = torch.randn(2, 20, hkv, D, generator=gen).bfloat16().to(DEV)
+    ks, vs = kv_scales_from(k, v) if fp8 else (None, None)
+    for lo, hi in ((0, 15), (15, 20)):
+        lens = torch.tensor([hi, hi + 2], dtype=torch.int32, device=DEV)
+        write_kv(k[:, lo:hi], v[:, lo:hi], kc, vc, ks, vs, rows, lens)
+    q = torch.randn(2, 3, hq, D, generator=gen).bfloat16().to(DEV)
+    out = torch.full_like(q, float("nan"))
+    verify_attention(q, kc, vc, ks, vs, rows, lens, out, alloc_partials(2, hq, 8, 3, D, DEV), 3, block_n=16)
+    assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, lens)) < 1e-2
+
+
 # ---- attention -------------------------------------------------------------------------------------------
 
 VERIFY_CASES = [  # B, q_len, Hq, Hkv, D, kv_lens, nseg, fp8, block_n
@@ -120,7 +148,9 @@ VERIFY_CASES = [  # B, q_len, Hq, Hkv, D, kv_lens, nseg, fp8, block_n
 
 @pytest.mark.parametrize("B,q_len,hq,hkv,D,lens,nseg,fp8,block_n", VERIFY_CASES)
 def test_verify_attention(B, q_len, hq, hkv, D, lens, nseg, fp8, block_n):
-    q, kc, vc, ks, vs, rows, kv_lens = setup(B, q_len, hq, hkv, D, lens, fp8)
+    # V stored keys-fastest in every other case (the kernel takes V's strides)
+    vt = VERIFY_CASES.index((B, q_len, hq, hkv, D, lens, nseg, fp8, block_n)) % 2 == 1
+    q, kc, vc, ks, vs, rows, kv_lens = setup(B, q_len, hq, hkv, D, lens, fp8, vt=vt)
     out = torch.full_like(q, float("nan"))
     partials = alloc_partials(B + 1, hq, 8, 4, D, DEV).fill_(float("nan"))
     verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, block_n=block_n)
@@ -161,10 +191,11 @@ def test_choose_nseg():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_fmt", [None, KV_FP8_BITS, KV_FP8_NATIVE])
 @pytest.mark.parametrize("nseg", [1, 7, 64])
-def test_verify_attention_27b(kv_fmt, nseg):
+@pytest.mark.parametrize("vt", [False, True])
+def test_verify_attention_27b(kv_fmt, nseg, vt):
     fp8 = kv_fmt is not None
     lens = [1536, 16384, 5, 777]
-    q, kc, vc, ks, vs, rows, kv_lens = setup(4, 5, 24, 4, 256, lens, fp8)
+    q, kc, vc, ks, vs, rows, kv_lens = setup(4, 5, 24, 4, 256, lens, fp8, vt=vt)
     out = torch.full_like(q, float("nan"))
     partials = alloc_partials(4, 24, 8, 64, 256, DEV).fill_(float("nan"))
     verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, kv_fmt=kv_fmt)
