@@ -21,15 +21,18 @@ DEV = "cuda"
 FMT_NAME = {KV_BF16: "bf16", KV_FP8_BITS: "fp8-bits", KV_FP8_NATIVE: "fp8-native"}
 
 
-def make_case(B, ctx, fp8):
-    """Caches with B full slots of ctx tokens (e4m3 codes without NaN: bit 6 cleared, |x| < 2), inputs, outputs."""
+def make_case(B, ctx, fp8, v_keys_fastest=False):
+    """Caches with B full slots of ctx tokens (e4m3 codes without NaN: bit 6 cleared, |x| < 2), inputs, outputs.
+    v_keys_fastest: V stored as kernels/kv_write.kv_cache allocates it (else D-fastest like K)."""
     shape = (B, HKV, ctx, D)
+    v_shape = (B, HKV, D, ctx) if v_keys_fastest else shape
     if fp8:
         kc = torch.randint(0, 256, shape, dtype=torch.uint8, device=DEV) & 0xBF
-        vc = torch.randint(0, 256, shape, dtype=torch.uint8, device=DEV) & 0xBF
+        vc = torch.randint(0, 256, v_shape, dtype=torch.uint8, device=DEV) & 0xBF
     else:
         kc = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
-        vc = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
+        vc = torch.randn(v_shape, device=DEV, dtype=torch.bfloat16)
+    vc = vc.transpose(2, 3) if v_keys_fastest else vc
     scales = torch.full((HKV,), 0.05, device=DEV)
     rows = torch.arange(B, dtype=torch.int32, device=DEV)
     lens = torch.full((B,), ctx, dtype=torch.int32, device=DEV)
@@ -61,7 +64,7 @@ def verify_rows(peak, sms):
             us = time_verify(case, nseg, partials, kv_fmt=fmt)
             rows_out.append(row(f"attn_verify[{FMT_NAME[fmt]}]", f"B{B} ctx{ctx} q{Q_LEN}", us, verify_bytes(B, ctx, 1),
                                 4 * B * Q_LEN * HQ * ctx * D, peak, nseg=nseg))
-        # the same V stored keys-fastest, as kernels/kv_write.kv_cache allocates it
+        # V stored keys-fastest, as kernels/kv_write.kv_cache allocates it
         case = case[:2] + (case[2].transpose(2, 3).contiguous().transpose(2, 3),) + case[3:]
         us = time_verify(case, nseg, partials)
         rows_out.append(row(f"attn_verify[{FMT_NAME[kv_format(case[1])]}, V keys-fastest]", f"B{B} ctx{ctx} q{Q_LEN}",
@@ -96,33 +99,34 @@ def sdpa_row(case, ctx, peak):
 
 def sweep_rows(peak):
     """Launch configurations (the same ones tests/test_attention_kernels.py checks on the GPU): verify at B 1 by
-    format × (BLOCK_N, warps, stages) × segments, segments at B 8 / 64, prefill tiles."""
+    format × (BLOCK_N, warps, stages) × segments, segments at B 8 / 64, prefill tiles; V stored keys-fastest."""
     rows_out = []
     partials = alloc_partials(64, HQ, 8, 64, D, DEV)
     configs = [(KV_FP8_NATIVE, *c) for c in LAUNCH_CONFIGS] + [(KV_FP8_BITS, *c) for c in LAUNCH_CONFIGS[1:4:2]]
     for ctx in (1536, 16384, 65536):
-        case = make_case(1, ctx, fp8=True)
+        case = make_case(1, ctx, fp8=True, v_keys_fastest=True)
         for (fmt, bn, nw, ns), nseg in itertools.product(configs, (16, 32, 64)):
             us = time_verify(case, nseg, partials, kv_fmt=fmt, block_n=bn, num_warps=nw, num_stages=ns)
             rows_out.append(row(f"sweep[{FMT_NAME[fmt]}]", f"B1 ctx{ctx} bn{bn} w{nw} s{ns} nseg{nseg}", us,
                                 verify_bytes(1, ctx, 1), 0, peak))
     for B, nsegs in ((8, (4, 8, 16)), (64, (1, 2, 4))):
-        case = make_case(B, 16384, fp8=True)
+        case = make_case(B, 16384, fp8=True, v_keys_fastest=True)
         for nseg in nsegs:
             us = time_verify(case, nseg, partials)
             rows_out.append(row("sweep[default fmt]", f"B{B} ctx16384 nseg{nseg}", us, verify_bytes(B, 16384, 1),
                                 0, peak))
         del case
     for fp8, (bm, bn, nw, ns) in itertools.product((True, False), PREFILL_CONFIGS):
-        us, nbytes, flops = time_prefill(2048, fp8, block_m=bm, block_n=bn, num_warps=nw, num_stages=ns)
+        us, nbytes, flops = time_prefill(2048, fp8, v_keys_fastest=True, block_m=bm, block_n=bn, num_warps=nw,
+                                         num_stages=ns)
         rows_out.append(row(f"sweep[prefill {'fp8' if fp8 else 'bf16'}]", f"T2048 bm{bm} bn{bn} w{nw} s{ns}", us,
                             nbytes, flops, peak, TFLOPs=round(flops / us / 1e6, 1)))
     return rows_out
 
 
-def time_prefill(T, fp8, **kw):
+def time_prefill(T, fp8, v_keys_fastest=False, **kw):
     """(µs, bytes, FLOPs) of a T-token prefill from an empty cache (KV already written)."""
-    _, kc, vc, ks, vs, rows, lens = make_case(1, T, fp8)
+    _, kc, vc, ks, vs, rows, lens = make_case(1, T, fp8, v_keys_fastest)
     q = torch.randn(1, T, HQ, D, device=DEV, dtype=torch.bfloat16)
     out = torch.empty_like(q)
     us = time_us(lambda: prefill_attention(q, kc, vc, ks, vs, rows, lens, out, **kw))
@@ -132,16 +136,17 @@ def time_prefill(T, fp8, **kw):
 def write_and_prefill_rows(peak):
     rows_out = []
     B, n_new = 64, Q_LEN
-    case = make_case(B, 2048, fp8=True)
-    _, kc, vc, ks, vs, rows, lens = case
     k = torch.randn(B, n_new, HKV, D, device=DEV, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    us = time_us(lambda: write_kv(k, v, kc, vc, ks, vs, rows, lens))
-    rows_out.append(row("kv_write[fp8]", f"B{B} n{n_new}", us, B * n_new * HKV * D * (2 * 2 + 2), 0, peak))
-    for fp8 in (True, False):
-        us, nbytes, flops = time_prefill(2048, fp8)
-        rows_out.append(row(f"attn_prefill[{'fp8' if fp8 else 'bf16'}]", "B1 T2048 from 0", us, nbytes, flops, peak,
-                            TFLOPs=round(flops / us / 1e6, 1)))
+    for vt in (False, True):
+        _, kc, vc, ks, vs, rows, lens = make_case(B, 2048, fp8=True, v_keys_fastest=vt)
+        us = time_us(lambda: write_kv(k, v, kc, vc, ks, vs, rows, lens))
+        rows_out.append(row("kv_write[fp8" + (", V keys-fastest]" if vt else "]"), f"B{B} n{n_new}", us,
+                            B * n_new * HKV * D * (2 * 2 + 2), 0, peak))
+    for fp8, vt in ((True, False), (True, True), (False, False)):
+        us, nbytes, flops = time_prefill(2048, fp8, v_keys_fastest=vt)
+        rows_out.append(row(f"attn_prefill[{'fp8' if fp8 else 'bf16'}" + (", V keys-fastest]" if vt else "]"),
+                            "B1 T2048 from 0", us, nbytes, flops, peak, TFLOPs=round(flops / us / 1e6, 1)))
     return rows_out
 
 
