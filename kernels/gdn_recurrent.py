@@ -221,6 +221,9 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
             S = S * es[t] + ks[t][:, None] * d[None, :]
             tl.store(state_ptr + slots[t].to(tl.int64) * (HV * DK * DV) + tile, S.to(state_ptr.dtype.element_ty),
                      mask=slots[t] >= 0)
+            # the next token starts from the state as stored, like a decode step that reloads it: token t of a
+            # verify is then bitwise token t decoded alone (same launch configuration)
+            S = S.to(state_ptr.dtype.element_ty).to(tl.float32)
             o = es[t] * w + tl.sum(qs[t] * ks[t], axis=0) * d
             tl.store(o_ptr + bi * so_b + t * so_t + h * so_h + offs_v, o.to(o_ptr.dtype.element_ty))
 

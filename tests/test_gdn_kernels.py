@@ -97,6 +97,26 @@ def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype, proj_dot):
     assert torch.equal(pool[untouched.to(DEV)], ref_pool[untouched.to(DEV)])
 
 
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
+def test_verify_token_by_token_is_width_invariant(state_dtype):
+    """The token-by-token scheme: T = 5 in one launch gives bitwise the outputs and states of five T = 1 steps
+    (each step reloads the state it stored), so greedy decoding with drafting can equal decoding without."""
+    HV, HK, D, T = 4, 2, 16, 5
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(1, T, HV, HK, D, D, torch.bfloat16, seed=5)
+    init = torch.randn(1, HV, D, D, device=DEV).to(state_dtype)
+    pool = torch.zeros(T, HV, D, D, device=DEV, dtype=state_dtype)
+    pool[0] = init[0]                                   # slot 0: the initial state, then the state after token 0
+    slots = torch.arange(T, dtype=torch.int32, device=DEV)[None]
+    one = torch.ones(1, dtype=torch.int32, device=DEV)
+    o5 = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, one, proj_dot=False)
+    step_pool = init.clone()
+    zero_slot = torch.zeros(1, 1, dtype=torch.int32, device=DEV)
+    for t in range(T):
+        o1 = gdn_verify(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], a[:, t:t + 1], b[:, t:t + 1], A_log, dt_bias,
+                        step_pool, zero_slot, one, proj_dot=False)
+        assert torch.equal(o1[:, 0], o5[:, t]) and torch.equal(step_pool[0], pool[t])
+
+
 def test_verify_strided_inputs_and_decode_steps():
     """q, k, v as views into one conv output row (the layer's layout); T = 1 decode steps in one slot == the
     whole-sequence recurrence."""
