@@ -98,9 +98,10 @@ def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, H, ep
 
 
 @triton.jit
-def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, NH, D, eps,
+def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, NH, D, stride_z, eps,
                           QUANT: tl.constexpr, W_ROUNDS: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
-    """x, z, y [T, NH, D] contiguous, w [D]; grid (T,): all heads of a token in one [BH, BD] tile."""
+    """x, y [T, NH, D] contiguous, z [T, NH, D] with row stride stride_z (heads and D contiguous: z may be the
+    tail of a fused projection's rows), w [D]; grid (T,): all heads of a token in one [BH, BD] tile."""
     t = tl.program_id(0).to(tl.int64)
     hh = tl.arange(0, BH)[:, None]
     d = tl.arange(0, BD)[None, :]
@@ -112,7 +113,7 @@ def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, NH, D, eps,
     g = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32) * xn
     if W_ROUNDS:   # w in the activation dtype: HF's w · x̂ product is rounded to it
         g = _rne(g, dt)
-    z = tl.load(z_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + t * stride_z + hh * D + d, mask=m, other=0.0).to(tl.float32)
     y = _rne(g * (z * tl.sigmoid(z)), dt)
     tl.store(y_ptr + offs, y, mask=m)
     if QUANT:
@@ -216,11 +217,13 @@ def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None
 
 
 def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None):
-    """x, z [T, heads, D] contiguous -> y [T, heads, D], plus (q int8 [T, heads·D], s [T]) per token when quant."""
+    """x [T, heads, D] contiguous, z [T, heads, D] (heads and D contiguous, any row stride) -> y [T, heads, D],
+    plus (q int8 [T, heads·D], s [T]) per token when quant."""
     T, NH, D = x.shape
+    assert x.is_contiguous() and z.shape == x.shape and z.stride(2) == 1 and z.stride(1) == D
     y = _buf(y, (T, NH, D), x.dtype, x.device)
     q, s = (_buf(q, (T, NH * D), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
-    _gated_rmsnorm_kernel[(T,)](x, z, w, y, q, s, NH, D, eps, QUANT=quant, W_ROUNDS=w.dtype == x.dtype,
+    _gated_rmsnorm_kernel[(T,)](x, z, w, y, q, s, NH, D, z.stride(0), eps, QUANT=quant, W_ROUNDS=w.dtype == x.dtype,
                                 BH=triton.next_power_of_2(NH), BD=triton.next_power_of_2(D), num_warps=8)
     return (y, q, s) if quant else y
 

@@ -59,7 +59,9 @@ def test_add_rmsnorm_updates_residual_in_place():
 
 @pytest.mark.parametrize("T, NH, D, w_dtype, quant", [(3, 5, 48, BF16, True), (2, 3, 40, torch.float32, False)])
 def test_gated_rmsnorm(T, NH, D, w_dtype, quant):
-    x, z, w = randn(T, NH, D, scale=2), randn(T, NH, D, scale=2), randn(D, dtype=w_dtype) + 1
+    # z as the tail of wider rows (a fused projection's output)
+    x, w = randn(T, NH, D, scale=2), randn(D, dtype=w_dtype) + 1
+    z = randn(T, NH * D + 24, scale=2)[:, 24:].view(T, NH, D)
     outs = dict(y=nan_like((T, NH, D)))
     if quant:
         outs.update(q=sentinel_int8((T, NH * D)), s=torch.full((T,), float("nan"), device=DEV))

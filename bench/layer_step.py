@@ -1,0 +1,192 @@
+"""One decoder layer of a verify step (B sequences x T tokens) run as the engine will: kernels/ in the model's order
+(layers/model.py: DecoderLayer), back to back in one CUDA graph, so each kernel's programmatic dependent launch
+overlaps the previous one's tail. Random weights at the Qwen3.8-27B shapes, a GDN layer and a gated-attention layer
+(fp8 KV, V stored keys-fastest, `ctx` cached tokens). Per layer: the time, the bytes it must move (int4 weights and
+scales, the recurrent state read once and written per token, or the KV; activations are small), the fraction of
+the copy bandwidth measured in the same run, and beside it the sum of the same kernels timed one by one (what the
+chain saves). `python -m bench.layer_step [--batch 1] [--tokens 5] [--ctx 16384]` writes
+bench/results/layer-step-<gpu>.json and .md. Not in the model yet: the attention output gate is a torch multiply."""
+import argparse
+from dataclasses import dataclass
+
+import torch
+
+from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
+from kernels.attention_verify import alloc_partials, choose_nseg, verify_attention
+from kernels.conv1d import causal_conv1d
+from kernels.gdn_recurrent import gdn_verify
+from kernels.int4_linear import int4_linear
+from kernels.kv_write import kv_cache, write_kv
+from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
+from layers.model import rope_tables
+from layers.quant import Int4Weight
+
+
+@dataclass(frozen=True)
+class Dims:                      # Qwen3.8-27B
+    hidden: int = 5120
+    inter: int = 17408
+    hk: int = 16                 # GDN k-heads, v-heads, head dims, conv taps
+    hv: int = 48
+    dk: int = 128
+    conv: int = 4
+    hq: int = 24                 # gated attention: q heads, kv heads, head dim, rotary dims
+    hkv: int = 4
+    d: int = 256
+    rotary: int = 64
+    eps: float = 1e-6
+
+
+def int4_weight(n, k, device):
+    words = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, device=device)
+    return Int4Weight(words, (torch.rand(k // 128, n, device=device) * 0.01).half())
+
+
+def weight_bytes(w: Int4Weight) -> int:
+    return w.qweight.numel() * 4 + w.scales.numel() * 2
+
+
+class Layer:
+    """Weights, caches and every buffer of one layer, allocated once; `kernels()` lists its launches in order."""
+
+    def __init__(self, kind, B, T, ctx, dims: Dims, device):
+        dm, self.B, self.T, self.kind, self.dims = dims, B, T, kind, dims
+        bf = dict(dtype=torch.bfloat16, device=device)
+        M = B * T
+        self.x = torch.randn(M, dm.hidden, **bf)
+        self.res = torch.randn(M, dm.hidden, **bf)
+        self.norm_w = torch.randn(dm.hidden, **bf) * 0.1
+        self.gate_up = int4_weight(2 * dm.inter, dm.hidden, device)
+        self.down = int4_weight(dm.hidden, dm.inter, device)
+        self.gu = torch.empty(M, 2 * dm.inter, **bf)
+        self.act = torch.empty(M, dm.inter, **bf)
+        self.mlp_out = torch.empty(M, dm.hidden, **bf)
+        if kind == "gdn":
+            conv_dim = 2 * dm.hk * dm.dk + dm.hv * dm.dk
+            self.qkvz = int4_weight(conv_dim + dm.hv * dm.dk, dm.hidden, device)
+            self.ab = int4_weight(2 * dm.hv, dm.hidden, device)
+            self.out_proj = int4_weight(dm.hidden, dm.hv * dm.dk, device)
+            self.conv_w = torch.randn(conv_dim, dm.conv, **bf) * 0.3
+            self.conv_state = torch.randn(B, conv_dim, dm.conv - 1 + T - 1, **bf)
+            self.A_log = torch.rand(dm.hv, device=device)
+            self.dt_bias = torch.randn(dm.hv, device=device)
+            self.gnorm_w = torch.randn(dm.dk, device=device)
+            self.pool = torch.randn(B * T, dm.hv, dm.dk, dm.dk, dtype=torch.float16, device=device) * 0.1
+            self.state_slots = torch.arange(B * T, dtype=torch.int32, device=device).view(B, T)
+            self.rows = torch.arange(B, dtype=torch.int32, device=device)
+            self.num_acc = torch.full((B,), T, dtype=torch.int32, device=device)
+            self.proj = torch.empty(M, self.qkvz.n, **bf)
+            self.ab_out = torch.empty(M, self.ab.n, **bf)
+            self.mixed = torch.empty(B, T, conv_dim, **bf)
+            self.o = torch.empty(B, T, dm.hv, dm.dk, **bf)
+            self.attn_out = torch.empty(M, dm.hidden, **bf)
+            self.state_bytes = (1 + T) * B * dm.hv * dm.dk * dm.dk * 2
+        else:
+            self.qkv = int4_weight(dm.hq * dm.d * 2 + 2 * dm.hkv * dm.d, dm.hidden, device)
+            self.out_proj = int4_weight(dm.hidden, dm.hq * dm.d, device)
+            self.q_w, self.k_w = torch.randn(dm.d, **bf) * 0.1, torch.randn(dm.d, **bf) * 0.1
+            max_len = -(-(ctx + T) // 64) * 64
+            self.kc, self.vc = kv_cache(B, dm.hkv, max_len, dm.d, torch.uint8, device)
+            self.kc.random_(0, 256).bitwise_and_(0xBF)                # e4m3 codes without NaN
+            self.vc.random_(0, 256).bitwise_and_(0xBF)
+            self.ks = self.vs = torch.full((dm.hkv,), 0.05, device=device)
+            self.rows = torch.arange(B, dtype=torch.int32, device=device)
+            self.lens = torch.full((B,), ctx + T, dtype=torch.int32, device=device)
+            pos = torch.arange(ctx, ctx + T, device=device).repeat(B)
+            self.cos, self.sin = rope_tables(pos, dm.rotary, 1e7, torch.bfloat16)
+            self.proj = torch.empty(M, self.qkv.n, **bf)
+            self.q = torch.empty(M, dm.hq, dm.d, **bf)
+            self.k = torch.empty(M, dm.hkv, dm.d, **bf)
+            self.gate = torch.empty(M, dm.hq, dm.d, **bf)
+            self.o = torch.empty(B, T, dm.hq, dm.d, **bf)
+            self.gated = torch.empty(M, dm.hq * dm.d, **bf)
+            self.attn_out = torch.empty(M, dm.hidden, **bf)
+            self.nseg = choose_nseg(B, dm.hkv, torch.cuda.get_device_properties(device).multi_processor_count
+                                    if torch.device(device).type == "cuda" else 4)
+            self.partials = alloc_partials(B, dm.hq, T, max(self.nseg, 1), dm.d, device)
+            self.state_bytes = B * ctx * dm.hkv * dm.d * 2
+
+    def weights(self):
+        return [self.qkvz, self.ab, self.out_proj] if self.kind == "gdn" else [self.qkv, self.out_proj]
+
+    def bytes(self) -> int:
+        return sum(weight_bytes(w) for w in self.weights() + [self.gate_up, self.down]) + self.state_bytes
+
+    def kernels(self):
+        """(name, launch) pairs in the order of DecoderLayer.forward; the residual stream is updated in place."""
+        dm, B, T = self.dims, self.B, self.T
+        M = B * T
+        ks = [("add_rmsnorm", lambda: add_rmsnorm(self.x, self.res, self.norm_w, dm.eps, h=self.res,
+                                                  y=self.mlp_out))]
+        y = self.mlp_out
+        if self.kind == "gdn":
+            conv_dim = self.conv_w.shape[0]
+            qkv = self.proj[:, :conv_dim].view(B, T, conv_dim)
+            z = self.proj[:, conv_dim:].view(M, dm.hv, dm.dk)
+            q, k, v = (t.unflatten(-1, (-1, dm.dk)) for t in
+                       self.mixed.split([dm.hk * dm.dk, dm.hk * dm.dk, dm.hv * dm.dk], -1))
+            b, a = (t.view(B, T, dm.hv) for t in self.ab_out.split(dm.hv, -1))
+            ks += [("in_proj qkvz", lambda: int4_linear(y, self.qkvz, out=self.proj)),
+                   ("in_proj ab", lambda: int4_linear(y, self.ab, out=self.ab_out)),
+                   ("conv1d", lambda: causal_conv1d(qkv, self.conv_w, self.conv_state, self.rows,
+                                                    num_accepted=self.num_acc, out=self.mixed)),
+                   ("gdn_verify", lambda: gdn_verify(q, k, v, a, b, self.A_log, self.dt_bias, self.pool,
+                                                     self.state_slots, self.num_acc, out=self.o)),
+                   ("gated_rmsnorm", lambda: gated_rmsnorm(self.o.view(M, dm.hv, dm.dk), z, self.gnorm_w, dm.eps,
+                                                           y=self.o.view(M, dm.hv, dm.dk))),
+                   ("out_proj", lambda: int4_linear(self.o.view(M, -1), self.out_proj, out=self.attn_out))]
+        else:
+            kv = self.proj[:, dm.hq * 2 * dm.d:]
+            ks += [("qkv_gate", lambda: int4_linear(y, self.qkv, out=self.proj)),
+                   ("qk_norm_rope", lambda: qk_norm_rope(self.proj[:, :dm.hq * 2 * dm.d], kv[:, :dm.hkv * dm.d],
+                                                         self.q_w, self.k_w, self.cos, self.sin, dm.hq, dm.hkv,
+                                                         dm.eps, sigmoid_gate=True, q=self.q, k_out=self.k,
+                                                         gate=self.gate)),
+                   ("kv_write", lambda: write_kv(self.k.view(B, T, dm.hkv, dm.d),
+                                                 kv[:, dm.hkv * dm.d:].view(B, T, dm.hkv, dm.d), self.kc, self.vc,
+                                                 self.ks, self.vs, self.rows, self.lens)),
+                   ("attention", lambda: verify_attention(self.q.view(B, T, dm.hq, dm.d), self.kc, self.vc,
+                                                          self.ks, self.vs, self.rows, self.lens, self.o,
+                                                          self.partials, self.nseg)),
+                   ("output gate (torch)", lambda: torch.mul(self.o.view(M, -1), self.gate.view(M, -1),
+                                                             out=self.gated)),
+                   ("o_proj", lambda: int4_linear(self.gated, self.out_proj, out=self.attn_out))]
+        ks += [("add_rmsnorm", lambda: add_rmsnorm(self.attn_out, self.res, self.norm_w, dm.eps, h=self.res,
+                                                   y=self.mlp_out)),
+               ("mlp gate_up", lambda: int4_linear(y, self.gate_up, out=self.gu)),
+               ("silu_mul", lambda: silu_mul(self.gu[:, :dm.inter], self.gu[:, dm.inter:], y=self.act)),
+               ("mlp down", lambda: int4_linear(self.act, self.down, out=self.x))]
+        return ks
+
+    def step(self):
+        for _, launch in self.kernels():
+            launch()
+
+
+def run(B, T, ctx, device="cuda", dims=Dims(), timer=time_us):
+    peak = measure_bandwidth()["copy_Bps"]
+    rows = []
+    for kind in ("gdn", "attn"):
+        layer = Layer(kind, B, T, ctx, dims, device)
+        alone = {name: timer(launch) for name, launch in layer.kernels()}
+        chain = timer(layer.step)
+        shape = f"B{B} T{T}" + (f" ctx{ctx}" if kind == "attn" else "")
+        rows.append(row(f"layer[{kind}] chained", shape, chain, layer.bytes(), 0, peak))
+        rows.append(row(f"layer[{kind}] kernels alone, summed", shape, sum(alone.values()), layer.bytes(), 0, peak))
+        rows += [row(f"  {kind}: {name}", shape, us, 0, 0, peak) for name, us in alone.items()]
+    return rows, peak
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=5)
+    ap.add_argument("--ctx", type=int, default=16384)
+    args = ap.parse_args()
+    rows, peak = run(args.batch, args.tokens, args.ctx)
+    print(write_results("layer-step", rows, {"gpu": gpu_name(), "torch": torch.__version__,
+                                             "peak_copy_GBps": round(peak / 1e9, 1)}))
+
+
+if __name__ == "__main__":
+    main()
