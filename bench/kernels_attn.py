@@ -13,7 +13,7 @@ from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
                                       kv_format, verify_attention)
 from kernels.kv_write import write_kv
-from tests.test_attention_kernels import LAUNCH_CONFIGS, PREFILL_CONFIGS
+from tests.test_attention_kernels import LAUNCH_CONFIGS, PREFILL_CONFIGS, v_transposed
 
 HQ, HKV, D, Q_LEN = 24, 4, 256, 5
 BATCHES, CONTEXTS = (1, 8, 64), (1536, 16384, 65536)
@@ -65,7 +65,7 @@ def verify_rows(peak, sms):
             rows_out.append(row(f"attn_verify[{FMT_NAME[fmt]}]", f"B{B} ctx{ctx} q{Q_LEN}", us, verify_bytes(B, ctx, 1),
                                 4 * B * Q_LEN * HQ * ctx * D, peak, nseg=nseg))
         # V stored keys-fastest, as kernels/kv_write.kv_cache allocates it
-        case = case[:2] + (case[2].transpose(2, 3).contiguous().transpose(2, 3),) + case[3:]
+        case = case[:2] + (v_transposed(case[2]),) + case[3:]
         us = time_verify(case, nseg, partials)
         rows_out.append(row(f"attn_verify[{FMT_NAME[kv_format(case[1])]}, V keys-fastest]", f"B{B} ctx{ctx} q{Q_LEN}",
                             us, verify_bytes(B, ctx, 1), 4 * B * Q_LEN * HQ * ctx * D, peak, nseg=nseg))

@@ -32,9 +32,9 @@ def rotation(make, nbytes):
     return lambda: next(copies)
 
 
-def random_int4(n, k):
-    words = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, device="cuda")
-    return Int4Weight(words, (torch.rand(k // 128, n, device="cuda") * 0.01).half())
+def random_int4(n, k, device="cuda"):
+    words = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, device=device)
+    return Int4Weight(words, (torch.rand(k // 128, n, device=device) * 0.01).half())
 
 
 def int4_bytes(m, n, k, act_bytes=2):

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
+from bench.kernels_int4 import int4_bytes, random_int4
+from kernels import device as gpu
 from kernels.attention_verify import alloc_partials, choose_nseg, verify_attention
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_recurrent import gdn_verify
@@ -19,7 +21,6 @@ from kernels.int4_linear import int4_linear
 from kernels.kv_write import kv_cache, write_kv
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from layers.model import rope_tables
-from layers.quant import Int4Weight
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,6 @@ class Dims:                      # Qwen3.8-27B
     eps: float = 1e-6
 
 
-def int4_weight(n, k, device):
-    words = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, device=device)
-    return Int4Weight(words, (torch.rand(k // 128, n, device=device) * 0.01).half())
-
-
-def weight_bytes(w: Int4Weight) -> int:
-    return w.qweight.numel() * 4 + w.scales.numel() * 2
-
-
 class Layer:
     """Weights, caches and every buffer of one layer, allocated once; `kernels()` lists its launches in order."""
 
@@ -56,16 +48,16 @@ class Layer:
         self.x = torch.randn(M, dm.hidden, **bf)
         self.res = torch.randn(M, dm.hidden, **bf)
         self.norm_w = torch.randn(dm.hidden, **bf) * 0.1
-        self.gate_up = int4_weight(2 * dm.inter, dm.hidden, device)
-        self.down = int4_weight(dm.hidden, dm.inter, device)
+        self.gate_up = random_int4(2 * dm.inter, dm.hidden, device)
+        self.down = random_int4(dm.hidden, dm.inter, device)
         self.gu = torch.empty(M, 2 * dm.inter, **bf)
         self.act = torch.empty(M, dm.inter, **bf)
         self.mlp_out = torch.empty(M, dm.hidden, **bf)
         if kind == "gdn":
             conv_dim = 2 * dm.hk * dm.dk + dm.hv * dm.dk
-            self.qkvz = int4_weight(conv_dim + dm.hv * dm.dk, dm.hidden, device)
-            self.ab = int4_weight(2 * dm.hv, dm.hidden, device)
-            self.out_proj = int4_weight(dm.hidden, dm.hv * dm.dk, device)
+            self.qkvz = random_int4(conv_dim + dm.hv * dm.dk, dm.hidden, device)
+            self.ab = random_int4(2 * dm.hv, dm.hidden, device)
+            self.out_proj = random_int4(dm.hidden, dm.hv * dm.dk, device)
             self.conv_w = torch.randn(conv_dim, dm.conv, **bf) * 0.3
             self.conv_state = torch.randn(B, conv_dim, dm.conv - 1 + T - 1, **bf)
             self.A_log = torch.rand(dm.hv, device=device)
@@ -82,8 +74,8 @@ class Layer:
             self.attn_out = torch.empty(M, dm.hidden, **bf)
             self.state_bytes = (1 + T) * B * dm.hv * dm.dk * dm.dk * 2
         else:
-            self.qkv = int4_weight(dm.hq * dm.d * 2 + 2 * dm.hkv * dm.d, dm.hidden, device)
-            self.out_proj = int4_weight(dm.hidden, dm.hq * dm.d, device)
+            self.qkv = random_int4(dm.hq * dm.d * 2 + 2 * dm.hkv * dm.d, dm.hidden, device)
+            self.out_proj = random_int4(dm.hidden, dm.hq * dm.d, device)
             self.q_w, self.k_w = torch.randn(dm.d, **bf) * 0.1, torch.randn(dm.d, **bf) * 0.1
             max_len = -(-(ctx + T) // 64) * 64
             self.kc, self.vc = kv_cache(B, dm.hkv, max_len, dm.d, torch.uint8, device)
@@ -101,8 +93,7 @@ class Layer:
             self.o = torch.empty(B, T, dm.hq, dm.d, **bf)
             self.gated = torch.empty(M, dm.hq * dm.d, **bf)
             self.attn_out = torch.empty(M, dm.hidden, **bf)
-            self.nseg = choose_nseg(B, dm.hkv, torch.cuda.get_device_properties(device).multi_processor_count
-                                    if torch.device(device).type == "cuda" else 4)
+            self.nseg = choose_nseg(B, dm.hkv, gpu.num_sms(torch.device(device)))
             self.partials = alloc_partials(B, dm.hq, T, max(self.nseg, 1), dm.d, device)
             self.state_bytes = B * ctx * dm.hkv * dm.d * 2
 
@@ -110,7 +101,7 @@ class Layer:
         return [self.qkvz, self.ab, self.out_proj] if self.kind == "gdn" else [self.qkv, self.out_proj]
 
     def bytes(self) -> int:
-        return sum(weight_bytes(w) for w in self.weights() + [self.gate_up, self.down]) + self.state_bytes
+        return sum(int4_bytes(0, w.n, w.k) for w in self.weights() + [self.gate_up, self.down]) + self.state_bytes
 
     def kernels(self):
         """(name, launch) pairs in the order of DecoderLayer.forward; the residual stream is updated in place."""

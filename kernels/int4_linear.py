@@ -8,8 +8,8 @@ Shapes (kernel): x [M, K] (row stride stride_xm, unit column stride), qweight in
 projections (gate+up, q/k/v(+gate), GDN qkv+z) are one call on the weights concatenated along N by the loader.
 Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_int4(w).T).
 On a GPU (sm_80+), int4_linear hands calls of ≤ 16 rows with symmetric weights to kernels/int4_gemv.py, which
-streams the weights without shared memory (~2x faster there); this kernel covers the rest, and every row count
-in the CPU interpreter (Gluon has none). Passing a Config forces this kernel.
+streams the weights in the mma's register layout (~2x faster there); this kernel covers the rest, and every row
+count in the CPU interpreter (Gluon has none). Passing a Config forces this kernel.
 
 Design, and why:
 * Tensor cores for every M, M padded to BLOCK_M ≥ 16. The cost of an int4 GEMV is unpacking, not multiplying:
@@ -300,6 +300,8 @@ M_BUCKETS = (
     (64, dict(block_m=64, block_n=128, num_warps=4, num_stages=3, weights_a=True, ctas_per_sm=2)),
     (None, dict(block_m=128, block_n=128, num_warps=8, num_stages=3, weights_a=True, natural=True, ctas_per_sm=1)),
 )
+
+
 def pick_config(m: int, n: int, k: int, device, a8: bool = False, **override) -> Config:
     """Tile table by M bucket (entries can be overridden, e.g. by the benchmark's sweep); split-K only where the
     output tiles alone leave the GPU under-filled, and never with an empty split. W4A8 (a8) keeps the WEIGHTS_A

@@ -66,7 +66,8 @@ def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_le
         k_scale = v_scale = cache_rows  # unused placeholders for the pointer arguments
     _kv_write_kernel[(B * n_new, hkv)](
         k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, n_new,
-        *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3], *v_cache.stride(), D=D, FP8=fp8, **pdl_args(k_new.device))
+        *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3], *v_cache.stride(), D=D, FP8=fp8,
+        **pdl_args(k_new.device))
 
 
 def write_kv_ref(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):
