@@ -4,9 +4,12 @@ overlaps the previous one's tail. Random weights at the Qwen3.8-27B shapes, a GD
 (fp8 KV, V stored keys-fastest, `ctx` cached tokens). Per layer: the time, the bytes it must move (int4 weights and
 scales, the recurrent state read once and written per token, or the KV; activations are small), the fraction of
 the copy bandwidth measured in the same run, and beside it the sum of the same kernels timed one by one (what the
-chain saves). `python -m bench.layer_step [--batch 1] [--tokens 5] [--ctx 16384]` writes
+chain saves). The step runs over `--layers` copies with their own weights, state and KV, as a model's layers are,
+and each kernel alone cycles through them, so no kernel finds its bytes in L2 (one copy of out_proj would fit).
+`python -m bench.layer_step [--batch 1,8,64] [--tokens 5] [--ctx 16384] [--layers 8]` writes
 bench/results/layer-step-<gpu>.json and .md. Not in the model yet: the attention output gate is a torch multiply."""
 import argparse
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -154,27 +157,38 @@ class Layer:
             launch()
 
 
-def run(B, T, ctx, device="cuda", dims=Dims(), timer=time_us):
+def cycling(launches):
+    """One launch per call, each call the next layer's."""
+    it = itertools.cycle(launches)
+    return lambda: next(it)()
+
+
+def run(batches, T, ctx, n_layers, device="cuda", dims=Dims(), timer=time_us):
     peak = measure_bandwidth()["copy_Bps"]
     rows = []
-    for kind in ("gdn", "attn"):
-        layer = Layer(kind, B, T, ctx, dims, device)
-        alone = {name: timer(launch) for name, launch in layer.kernels()}
-        chain = timer(layer.step)
+    for B, kind in itertools.product(batches, ("gdn", "attn")):
+        layers = [Layer(kind, B, T, ctx, dims, device) for _ in range(n_layers)]
+        names = [name for name, _ in layers[0].kernels()]
+        alone = {name: timer(cycling([dict(layer.kernels())[name] for layer in layers])) for name in names}
+        chain = timer(lambda: [layer.step() for layer in layers]) / n_layers
         shape = f"B{B} T{T}" + (f" ctx{ctx}" if kind == "attn" else "")
-        rows.append(row(f"layer[{kind}] chained", shape, chain, layer.bytes(), 0, peak))
-        rows.append(row(f"layer[{kind}] kernels alone, summed", shape, sum(alone.values()), layer.bytes(), 0, peak))
+        rows.append(row(f"layer[{kind}] chained", shape, chain, layers[0].bytes(), 0, peak))
+        rows.append(row(f"layer[{kind}] kernels alone, summed", shape, sum(alone.values()), layers[0].bytes(), 0,
+                        peak))
         rows += [row(f"  {kind}: {name}", shape, us, 0, 0, peak) for name, us in alone.items()]
+        del layers
+        torch.cuda.empty_cache()
     return rows, peak
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", default="1", help="comma-separated batch sizes")
     ap.add_argument("--tokens", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=16384)
+    ap.add_argument("--layers", type=int, default=8, help="layer copies the step runs over")
     args = ap.parse_args()
-    rows, peak = run(args.batch, args.tokens, args.ctx)
+    rows, peak = run([int(b) for b in args.batch.split(",")], args.tokens, args.ctx, args.layers)
     print(write_results("layer-step", rows, {"gpu": gpu_name(), "torch": torch.__version__,
                                              "peak_copy_GBps": round(peak / 1e9, 1)}))
 
