@@ -5,9 +5,12 @@ is the prefill kernel (kernels/attention_prefill.py). Cache layout: kernels/kv_w
 GQA packing: one program owns one kv head and a tile of BLOCK_M packed rows of one sequence; packed row r is
 query token r // G of q head kvh·G + r % G, so a 5-token verify at G = 6 is a single 32-row tile and K/V are read
 once for all six heads. Token i of a row with q_len new tokens sees key positions <= kv_len - q_len + i.
-Program (b·n_tiles + tile, kvh, seg) covers key positions [seg·S, (seg+1)·S), S = per-sequence segment length,
-and writes unnormalised acc[D], running max m (log2 units) and sum l to partials[b, h, i, seg] (fp32, D + 2);
-the combine kernel merges them: O = Σ 2^(m_s−m*)·acc_s / Σ 2^(m_s−m*)·l_s. With one segment the kernel
+Program (b·n_tiles + tile, kvh, seg) covers the key tiles seg, seg + nseg, seg + 2·nseg, … (BLOCK_N keys each, at
+absolute positions: which tiles a segment holds, and in which order it adds them, does not depend on kv_len, so a
+token's row gets the same partials — keys past its causal limit add exact zeros — whether it is decoded alone or
+inside a verify step of more tokens; with the same BLOCK_M the output is bitwise the same), and writes
+unnormalised acc[D], running max m (log2 units) and sum l to partials[b, h, i, seg] (fp32, D + 2); the combine
+kernel merges them: O = Σ 2^(m_s−m*)·acc_s / Σ 2^(m_s−m*)·l_s. With one segment the kernel
 normalises and writes the output itself (no partials, no combine launch).
 KV formats: bf16, or e4m3 codes decoded with integer bit operations (any GPU; kernels/fp8.py) or with the
 native conversion (sm_89+). K and V scales are applied to fp32 scores and to acc, never to the 8-bit tiles."""
@@ -24,12 +27,6 @@ from kernels.fp8 import E4M3_BITS_UNIT, decode_e4m3_ref, e4m3_decode
 
 KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE = 0, 1, 2
 _NEG = tl.constexpr(-1.0e30)  # "no key seen yet": finite, so fully masked rows give 2^(-inf - NEG) = 0, never NaN
-
-
-@triton.jit
-def _segment_len(kv_len, nseg, BLOCK_N: tl.constexpr):
-    # keys per segment for one sequence: a whole number of tiles, at least one
-    return tl.maximum(tl.cdiv(tl.cdiv(kv_len, nseg), BLOCK_N), 1) * BLOCK_N
 
 
 @triton.jit
@@ -61,8 +58,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     pdl_wait(PDL)
     slot = tl.load(rows_ptr + b)
     kv_len = tl.where(slot >= 0, tl.load(lens_ptr + b), 0)  # padding rows attend to nothing and output 0
-    seg_len = _segment_len(kv_len, nseg, BLOCK_N)
-    start = seg * seg_len
+    start = seg * BLOCK_N
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     tok = offs_m // G
     head = kvh * G + offs_m % G
@@ -86,14 +82,14 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
         score_scale = qk_scale * k_unit
         last = kv_len - q_len + tok  # causal limit of each row
         # keys past this tile's last row's limit are never needed (prefill tiles stop early)
-        hi = tl.minimum(start + seg_len, kv_len - q_len + tl.minimum((tile + 1) * BLOCK_M - 1, q_len * G - 1) // G + 1)
+        hi = kv_len - q_len + tl.minimum((tile + 1) * BLOCK_M - 1, q_len * G - 1) // G + 1
         k_base = kc_ptr + slot.to(tl.int64) * s_cs + kvh * s_ch
         v_base = vc_ptr + slot.to(tl.int64) * s_vs + kvh * s_vh
 
         m_i = tl.full([BLOCK_M], _NEG, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for n0 in range(start, hi, BLOCK_N):
+        for n0 in range(start, hi, nseg * BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             in_kv = offs_n < hi
             # K is loaded already transposed, so only elementwise ops sit between load and dot (no tl.trans):
@@ -141,7 +137,7 @@ def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, nseg, Hq,
     pdl_wait(PDL)
     slot = tl.load(rows_ptr + b)
     kv_len = tl.where(slot >= 0, tl.load(lens_ptr + b), 0)
-    n_used = tl.cdiv(kv_len, _segment_len(kv_len, nseg, BLOCK_N))
+    n_used = tl.minimum(tl.cdiv(kv_len, BLOCK_N), nseg)       # segments holding at least one tile
     offs_s = tl.arange(0, SEG_P2)
     # all nseg partials are requested with the length (unused ones hold stale values, masked after arrival)
     base = part_ptr + b * s_pb + h * s_ph + t * s_pt + offs_s * s_ps

@@ -159,6 +159,23 @@ def test_verify_attention(B, q_len, hq, hkv, D, lens, nseg, fp8, block_n):
     assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
 
 
+@pytest.mark.parametrize("fp8,nseg", [(True, 3), (False, 3)])
+def test_verify_rows_are_width_invariant(fp8, nseg):
+    """A token decoded alone (q_len 1, kv_len L + 1) and the same token first in a 5-token verify (kv_len L + 5) get
+    bitwise the same output from the same launch (segments hold tiles at absolute positions)."""
+    # kv_len 146 vs 142: 3 segments of the old kind (a whole number of tiles after kv_len / nseg) differ: 64 vs 48
+    q, kc, vc, ks, vs, rows, _ = setup(2, 5, 6, 2, 32, [146, 99], fp8, vt=fp8)
+    lens = torch.tensor([146, 99], dtype=torch.int32, device=DEV)
+    part = alloc_partials(2, 6, 8, nseg, 32, DEV)
+    verify = torch.empty_like(q, dtype=torch.float32)          # fp32 outputs: no rounding hides a difference
+    verify_attention(q, kc, vc, ks, vs, rows, lens, verify, part, nseg, block_m=32, block_n=16)
+    for i in range(5):
+        alone = torch.empty_like(verify[:, i:i + 1])
+        verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, lens - 4 + i, alone, part, nseg,
+                         block_m=32, block_n=16)
+        assert torch.equal(alone[:, 0], verify[:, i])
+
+
 def test_verify_padding_row_outputs_zero():
     q, kc, vc, ks, vs, rows, kv_lens = setup(2, 2, 4, 2, 16, [20, 33], True)
     rows[0] = -1
