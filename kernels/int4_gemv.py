@@ -21,7 +21,8 @@ and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran
   is a programmatic dependent launch: the first groups' weights stream while the previous kernel finishes.
 * Stream-K: the (column tile, K group) work units are cut into one equal range per resident CTA, so every SM
   streams the same bytes (with one split-K count per shape, CTA counts that are no multiple of the SMs left
-  up to 21% of the SMs idle at the end; ncu, 34816x5120). A tile shared by two programs is summed in a workspace.
+  up to 21% of the SMs idle at the end; ncu, 34816x5120). A tile shared by programs is summed in an fp64
+  workspace (order-independent: deterministic, and a token's output does not depend on the launch's other tokens).
 Measured on the H200 (bench/results/kernels-h200.md): 0.44-0.78 of the copy bandwidth at M = 1, 0.39-0.72 at
 M = 5 (the small shapes pay the launch's fixed latency: their copy floor is 0.71-0.89). Tried and not kept: 3-4
 ring stages (fewer CTAs fit the shared memory: slower), 64-column tiles, activations in the ring too, fewer
@@ -181,7 +182,10 @@ def _group_product(q, xg, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: gl.con
 def _flush(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stride_om, BN: gl.constexpr,
            BT: gl.constexpr, mma: gl.constexpr):
     """The tile's sum over `groups` of its n_groups groups: stored when that is all of them, else added into the
-    workspace, and stored by the program whose groups complete the tile's count (as kernels/splitk.store_tile)."""
+    workspace, and stored by the program whose groups complete the tile's count (as kernels/splitk.store_tile).
+    The workspace adds in fp64: a sum of fp32 partials whose magnitudes lie within 2^24 of each other is exact
+    there, so the order the programs arrive in does not change the bits (fp32 atomics made every call's output a
+    little random), and a token's output is the same for every M of the bucket: decoded alone or in a verify step."""
     cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
     mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0)
@@ -189,14 +193,15 @@ def _flush(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stride_o
     if groups == n_groups:
         gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        ws = ws_ptr + gl.expand_dims(tok, 0) * N + gl.expand_dims(cols, 1)
-        gl.atomic_add(ws, acc, mask=mask, sem="relaxed")
+        ws64 = ws_ptr.to(gl.pointer_type(gl.float64), bitcast=True)
+        ws = ws64 + gl.expand_dims(tok, 0) * N + gl.expand_dims(cols, 1)
+        gl.atomic_add(ws, acc.to(gl.float64), mask=mask, sem="relaxed")
         gl.thread_barrier()
         arrived = gl.atomic_add(cnt_ptr + tile, groups, sem="acq_rel")
         if arrived + groups == n_groups:
-            ws_bits = ws.to(gl.pointer_type(gl.int32), bitcast=True)
-            total = gl.atomic_xchg(ws_bits, gl.zeros([BN, BT], gl.int32, mma), mask=mask, sem="relaxed")
-            gl.store(out, total.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
+            ws_bits = ws.to(gl.pointer_type(gl.int64), bitcast=True)
+            total = gl.atomic_xchg(ws_bits, gl.zeros([BN, BT], gl.int64, mma), mask=mask, sem="relaxed")
+            gl.store(out, total.to(gl.float64, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
             gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
 
 
@@ -206,9 +211,10 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
                       ring_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, W: gl.constexpr,
                       STAGES: gl.constexpr, EVEN_N: gl.constexpr, PDL: gl.constexpr):
     # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/8, N], s [K/128, N], out [M, N] (any float dtype);
-    # ws fp32 [M·N] and cnt int32 [tiles] zeroed (kernels/splitk.py). Grid (P,): the tiles · K/128 work units
-    # (tile, group), tile-major, are cut into P equal contiguous ranges, one per program ("stream-K"): every SM
-    # streams the same number of groups; a tile split between programs is summed through the workspace.
+    # ws fp32 [2·M·N] (used as fp64 [M, N]) and cnt int32 [tiles] zeroed (kernels/splitk.py). Grid (P,): the
+    # tiles · K/128 work units (tile, group), tile-major, are cut into P equal contiguous ranges, one per program
+    # ("stream-K"): every SM streams the same number of groups; a tile split between programs is summed through
+    # the workspace.
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
@@ -301,9 +307,9 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
     given = {key: v for key, v in dict(block_n=block_n, warps=warps, programs=programs, stages=stages).items()
              if v is not None}
     p = pick(m, n, k, x.device, **given)
-    pdl = gpu.capability(x.device) >= (9, 0)                       # griddepcontrol is sm_90+
+    pdl = gpu.pdl(x.device)
     bt = 8 if m <= 8 else 16
-    ws, cnt = workspace(x.device, m * n, triton.cdiv(n, p["block_n"]))
+    ws, cnt = workspace(x.device, 2 * m * n, triton.cdiv(n, p["block_n"]))      # fp64 [M, N]
     w_layout, x_layout = layouts(p["block_n"], bt, p["warps"])
     c_layout, ring_layout = ring_layouts(p["block_n"], p["warps"], p["stages"])
     _int4_gemv_kernel[(p["programs"],)](

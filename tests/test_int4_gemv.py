@@ -52,6 +52,22 @@ def test_int4_gemv_27b_shapes(m, n, k):
     assert rel_err(out, ref) < 6e-3, rel_err(out, ref)
 
 
+@pytest.mark.parametrize("n,k", SHAPES_27B)
+def test_int4_gemv_width_invariant(n, k):
+    """Each token's output is bitwise the same alone (decode) or among 5 or 8 (a verify step), and run to run."""
+    x, w, _ = case(8, n, k, torch.bfloat16, torch.float16, n + k)
+    outs = {}
+    for m in (1, 5, 8):
+        outs[m] = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        int4_gemv(x[:m], w, outs[m])
+    again = torch.empty(8, n, dtype=torch.bfloat16, device="cuda")
+    int4_gemv(x, w, again)
+    assert torch.equal(outs[1][0], outs[5][0]) and torch.equal(outs[5], outs[8][:5]) and torch.equal(outs[8], again)
+    single = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+    int4_gemv(x[3:4], w, single)
+    assert torch.equal(single[0], outs[8][3])
+
+
 def test_int4_gemv_strided_rows_and_graph_replay():
     x = torch.randn(4, 6144 + 128, device="cuda").bfloat16()[:, 64:64 + 6144]    # row stride 6272
     w = quantize_int4(torch.randn(5120, 6144, device="cuda"))
