@@ -3,9 +3,10 @@
 overlaps the previous one's tail. Random weights at the Qwen3.8-27B shapes, a GDN layer and a gated-attention layer
 (fp8 KV, V stored keys-fastest, `ctx` cached tokens). Per layer: the time, the bytes it must move (int4 weights and
 scales, the recurrent state read once and written per token, or the KV; activations are small), the fraction of
-the copy bandwidth measured in the same run, and beside it the sum of the same kernels timed one by one (what the
-chain saves). The step runs over `--layers` copies with their own weights, state and KV, as a model's layers are,
-and each kernel alone cycles through them, so no kernel finds its bytes in L2 (one copy of out_proj would fit).
+the copy bandwidth measured in the same run, and beside it the chain launched without PDL and the sum of the same
+kernels timed one by one (what the chain saves). The step runs over `--layers` copies with their own weights, state
+and KV, as a model's layers are, and each kernel alone cycles through them, so no kernel finds its bytes in L2 (one
+copy of out_proj would fit).
 `python -m bench.layer_step [--batch 1,8,64] [--tokens 5] [--ctx 16384] [--layers 8]` writes
 bench/results/layer-step-<gpu>.json and .md. Not in the model yet: the attention output gate is a torch multiply."""
 import argparse
@@ -171,8 +172,12 @@ def run(batches, T, ctx, n_layers, device="cuda", dims=Dims(), timer=time_us):
         names = [name for name, _ in layers[0].kernels()]
         alone = {name: timer(cycling([dict(layer.kernels())[name] for layer in layers])) for name in names}
         chain = timer(lambda: [layer.step() for layer in layers]) / n_layers
+        gpu.PDL_ENABLED = False
+        chain_serial = timer(lambda: [layer.step() for layer in layers]) / n_layers
+        gpu.PDL_ENABLED = True
         shape = f"B{B} T{T}" + (f" ctx{ctx}" if kind == "attn" else "")
         rows.append(row(f"layer[{kind}] chained", shape, chain, layers[0].bytes(), 0, peak))
+        rows.append(row(f"layer[{kind}] chained, no PDL", shape, chain_serial, layers[0].bytes(), 0, peak))
         rows.append(row(f"layer[{kind}] kernels alone, summed", shape, sum(alone.values()), layers[0].bytes(), 0,
                         peak))
         rows += [row(f"  {kind}: {name}", shape, us, 0, 0, peak) for name, us in alone.items()]

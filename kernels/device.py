@@ -39,9 +39,12 @@ def smem_per_sm(dev: torch.device) -> int:
     return torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
 
 
+PDL_ENABLED = True      # bench/layer_step.py turns it off to measure what the overlap saves
+
+
 def pdl(dev: torch.device) -> bool:
     """Launch with programmatic dependent launch (griddepcontrol is sm_90+; the interpreter has no inline asm)."""
-    return not INTERPRET and dev.type != "cpu" and capability(dev) >= (9, 0)
+    return PDL_ENABLED and not INTERPRET and dev.type != "cpu" and capability(dev) >= (9, 0)
 
 
 def pdl_args(dev: torch.device) -> dict:

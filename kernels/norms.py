@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.device import pdl_args, pdl_wait
 from layers.model import apply_rope, gated_rms_norm, rms_norm_1p
 
 
@@ -79,8 +80,9 @@ def _int8_store(q_ptr, y, s, mask):
 
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, H, eps,
-                        HAS_RES: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RES: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """x, residual, h, y [T, H] contiguous, w [H]; grid (T,). h may alias residual (written after reading)."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK)
     m = d < H
@@ -99,9 +101,11 @@ def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, H, ep
 
 @triton.jit
 def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, NH, D, stride_z, eps,
-                          QUANT: tl.constexpr, W_ROUNDS: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
+                          QUANT: tl.constexpr, W_ROUNDS: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
+                          PDL: tl.constexpr):
     """x, y [T, NH, D] contiguous, z [T, NH, D] with row stride stride_z (heads and D contiguous: z may be the
     tail of a fused projection's rows), w [D]; grid (T,): all heads of a token in one [BH, BD] tile."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     hh = tl.arange(0, BH)[:, None]
     d = tl.arange(0, BD)[None, :]
@@ -125,9 +129,10 @@ def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, NH, D, strid
 @triton.jit
 def _qk_norm_rope_kernel(qg_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, ko_ptr, gate_ptr,
                          HQ, HKV, D, RD, eps, qg_stride, k_stride, cs_stride,
-                         SIGMOID_GATE: tl.constexpr, BD: tl.constexpr):
+                         SIGMOID_GATE: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr):
     """qg [T, HQ·2D] rows [q_0 | gate_0 | q_1 | gate_1 …]; k [T, HKV·D]; cos/sin [T, RD];
     q, gate [T, HQ, D] and k out [T, HKV, D] contiguous. grid (T, HQ + HKV): one head per program."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BD)
@@ -169,9 +174,10 @@ def _silu_mul_value(g_ptr, u_ptr, offs, m):
 
 @triton.jit
 def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, amax_ptr, I, g_stride, u_stride, NCH,
-                     WRITE_Y: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
+                     WRITE_Y: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """gate, up [T, I] (row strides given, e.g. halves of a merged gate_up), y [T, I] contiguous; grid (T, NCH).
     With QUANT each chunk's max |y| goes to amax [T, NCH] for _silu_mul_int8_kernel."""
+    pdl_wait(PDL)
     t, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = c * BLOCK + tl.arange(0, BLOCK)
     m = offs < I
@@ -184,9 +190,10 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, amax_ptr, I, g_stride, u_stride, NCH,
 
 @triton.jit
 def _silu_mul_int8_kernel(g_ptr, u_ptr, amax_ptr, q_ptr, s_ptr, I, g_stride, u_stride, NCH,
-                          BLOCK: tl.constexpr, NCHP: tl.constexpr):
+                          BLOCK: tl.constexpr, NCHP: tl.constexpr, PDL: tl.constexpr):
     """grid (T, NCH): the row's scale from its chunk maxima, then this chunk's codes from y recomputed (the same
     instructions as the first pass, so bit-identical) rather than a row loop in one program per token."""
+    pdl_wait(PDL)
     t, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i = tl.arange(0, NCHP)
     s = _int8_scale(tl.max(tl.load(amax_ptr + t * NCH + i, mask=i < NCH, other=0.0), 0))
@@ -212,7 +219,7 @@ def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None
     q, s = (_buf(q, (T, H), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
     _add_rmsnorm_kernel[(T,)](x, x if residual is None else residual, w, h, y, q, s, H, eps,
                               HAS_RES=residual is not None, QUANT=quant, BLOCK=triton.next_power_of_2(H),
-                              num_warps=8)
+                              num_warps=8, **pdl_args(x.device))
     return (h, y, q, s) if quant else (h, y)
 
 
@@ -224,7 +231,8 @@ def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None):
     y = _buf(y, (T, NH, D), x.dtype, x.device)
     q, s = (_buf(q, (T, NH * D), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
     _gated_rmsnorm_kernel[(T,)](x, z, w, y, q, s, NH, D, z.stride(0), eps, QUANT=quant, W_ROUNDS=w.dtype == x.dtype,
-                                BH=triton.next_power_of_2(NH), BD=triton.next_power_of_2(D), num_warps=8)
+                                BH=triton.next_power_of_2(NH), BD=triton.next_power_of_2(D), num_warps=8,
+                                **pdl_args(x.device))
     return (y, q, s) if quant else y
 
 
@@ -241,7 +249,7 @@ def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=F
     _qk_norm_rope_kernel[(T, heads + kv_heads)](qg, k, q_w, k_w, cos, sin, q, k_out, gate, heads, kv_heads, D,
                                                 cos.shape[1], eps, qg.stride(0), k.stride(0), cos.stride(0),
                                                 SIGMOID_GATE=sigmoid_gate, BD=triton.next_power_of_2(D),
-                                                num_warps=2)
+                                                num_warps=2, **pdl_args(qg.device))
     return q, k_out, gate
 
 
@@ -258,9 +266,10 @@ def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, amax=N
         q, s = _buf(q, (T, I), torch.int8, gate.device), _buf(s, (T,), torch.float32, gate.device)
         amax = _buf(amax, (T, nch), torch.float32, gate.device)
     _silu_mul_kernel[(T, nch)](gate, up, y if write_y else gate, amax if quant else gate, I, gate.stride(0),
-                               up.stride(0), nch, WRITE_Y=write_y, QUANT=quant, BLOCK=block, num_warps=8)
+                               up.stride(0), nch, WRITE_Y=write_y, QUANT=quant, BLOCK=block, num_warps=8,
+                               **pdl_args(gate.device))
     if not quant:
         return y
     _silu_mul_int8_kernel[(T, nch)](gate, up, amax, q, s, I, gate.stride(0), up.stride(0), nch, BLOCK=block,
-                                    NCHP=triton.next_power_of_2(nch), num_warps=8)
+                                    NCHP=triton.next_power_of_2(nch), num_warps=8, **pdl_args(gate.device))
     return tuple(o for o in (y, q, s) if o is not None)
