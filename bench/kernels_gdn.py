@@ -1,5 +1,5 @@
 """Gated DeltaNet kernels at the 27B shapes (Hv 48, Hk 16, dk = dv 128, conv 10240 channels, K 4, k = 4 drafts):
-verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state), conv update (T = 5) and prefill, chunked prefill at
+verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state; the default scheme and the chunk form), conv update (T = 5) and prefill, chunked prefill at
 4k tokens. Bytes counted: verify = read 1 state + write T states + q, k, v, a, b + o; conv = x + y + state read
 and written; prefill = inputs + o + state read and written (its fp32 W/U workspace is overhead, not counted).
 `python -m bench.kernels_gdn --sweep` times launch configurations instead (verify: scheme, V-tile, warps;
@@ -67,9 +67,12 @@ def verify_rows(peak, sweep):
         num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV)
         o = torch.empty(B, T, HV, D, device=DEV, dtype=torch.bfloat16)
         nbytes = (1 + T) * B * HV * D * D * pool.element_size() + B * T * (C + 2 * HV + HV * D) * 2
-        configs = [(None, None, None)] + (VERIFY_SWEEP if sweep and sdt == torch.float16 else [])
+        # the default (token by token: width-invariant) and the opt-in chunk form, at their default launches
+        configs = [(False, None, None)] + ([(True, None, None)] if sdt == torch.float16 else [])
+        configs += VERIFY_SWEEP if sweep and sdt == torch.float16 else []
         for dot, bv, warps in configs:
-            name = "gdn_verify" + ("" if bv is None else f"[{'dot' if dot else 'fma'},bv{bv},w{warps}]")
+            name = "gdn_verify" + (("[chunk form]" if dot else "") if bv is None else
+                                   f"[{'dot' if dot else 'fma'},bv{bv},w{warps}]")
             timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
                       lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps,
                                          proj_dot=dot),
