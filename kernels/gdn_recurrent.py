@@ -244,16 +244,22 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and a.stride(-1) == b.stride(-1) == 1
     assert state_slots.stride(-1) == 1 and HV % HK == 0
     o = torch.empty(B, T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
-    # 16-column tiles on one warp while that is at most one warp per scheduler (latency-bound: 7.4 µs at B = 1 on
-    # the H200), else 64-column tiles on 4 warps (throughput: 39 / 304 µs at B = 8 / 64, against 49 / 773 on 16 / 1);
-    # bench/kernels_gdn.py --sweep. Those reload k_t in the chain: 226 -> 201 registers, 8-13% faster at B = 8 / 64
-    narrow = B * HV * triton.cdiv(DV, 16) <= 4 * gpu.num_sms(v.device)
-    bv = block_v or min(16 if narrow else 64, DV)
-    num_warps = num_warps or (1 if narrow else 4)
+    proj_dot = bool(proj_dot)
+    # Launch table (H200, bench/kernels_gdn.py --sweep): 16-column tiles on one warp while that is at most one warp
+    # per scheduler (latency-bound: B = 1, 8.2 µs, against 9.5 / 10.6 on 32 / 2 and 64 / 4); beyond, the token-by-
+    # token scheme on an fp16 state takes 32-column tiles on 2 warps up to ~16 CTAs per SM (B = 8: 42.6 against
+    # 47.9 µs on 64 / 4; an fp32 state: 57.5 against 53.5) and 64 / 4 after that (B = 64: 373 against 440); the
+    # chunk form 64 / 4 (B = 8: 39.1 against 43.5 on 32 / 2), reloading k_t in the chain (226 -> 201 registers,
+    # 8-13% faster at B = 8 / 64).
+    sms = gpu.num_sms(v.device)
+    narrow = B * HV * triton.cdiv(DV, 16) <= 4 * sms
+    mid = (not narrow and not proj_dot and state.element_size() == 2
+           and B * HV * triton.cdiv(DV, 32) <= 16 * sms)
+    bv = block_v or min(16 if narrow else 32 if mid else 64, DV)
+    num_warps = num_warps or (1 if narrow else 2 if mid else 4)
     assert DV % bv == 0
     # chunk form: 16-bit q, k and an fp16 state are exact in tf32: one tensor-core pass; otherwise three
     exact = q.dtype != torch.float32 and state.dtype == torch.float16
-    proj_dot = bool(proj_dot)
     assert not proj_dot or (bv >= 16 and DK >= 16)                    # tl.dot's smallest tile
     _gdn_verify_kernel[(B, HV, triton.cdiv(DV, bv))](
         q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o,
