@@ -23,7 +23,7 @@ and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran
   streams the same bytes (with one split-K count per shape, CTA counts that are no multiple of the SMs left
   up to 21% of the SMs idle at the end; ncu, 34816x5120). A tile shared by programs is summed in an fp64
   workspace (order-independent: deterministic, and a token's output does not depend on the launch's other tokens).
-Measured on the H200 (bench/results/kernels-h200.md): 0.44-0.78 of the copy bandwidth at M = 1, 0.39-0.72 at
+Measured on the H200 (bench/results/kernels-h200.md): 0.45-0.78 of the copy bandwidth at M = 1, 0.38-0.71 at
 M = 5 (the small shapes pay the launch's fixed latency: their copy floor is 0.71-0.89). Tried and not kept: 3-4
 ring stages (fewer CTAs fit the shared memory: slower), 64-column tiles, activations in the ring too, fewer
 registers (maxnreg) for 9-10 CTAs per SM (no faster), two register buffers, L2 prefetch instructions.
