@@ -1,7 +1,8 @@
 """Gated DeltaNet kernels at the 27B shapes (Hv 48, Hk 16, dk = dv 128, conv 10240 channels, K 4, k = 4 drafts):
-verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state; the default scheme and the chunk form), conv update (T = 5) and prefill, chunked prefill at
-4k tokens. Bytes counted: verify = read 1 state + write T states + q, k, v, a, b + o; conv = x + y + state read
-and written; prefill = inputs + o + state read and written (its fp32 W/U workspace is overhead, not counted).
+verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state; the default scheme and the chunk form), conv update
+(T = 5) and prefill, chunked prefill at 4k tokens. Bytes counted: verify = read 1 state + write T states + q, k, v,
+a, b + o; conv = x + y + state read and written; prefill = inputs + o + state read and written (its fp32 W/U
+workspace is overhead, not counted).
 `python -m bench.kernels_gdn --sweep` times launch configurations instead (verify: scheme, V-tile, warps;
 prefill: V-tile, warps). Beside the B = 1 verify rows, the floor of the same harness: a copy
 moving the verify's bytes (a memcpy node and a copy kernel) and an empty Triton kernel."""

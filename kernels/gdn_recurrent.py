@@ -7,7 +7,7 @@ Two schemes. By default the delta rule runs token by token (two reductions over 
 from the state as stored: token t of a verify step is then bitwise token t decoded alone (T = 1), which greedy
 output with drafting == greedy output without needs. Opt-in (proj_dot=True): the 2T projections k_t.S0, q_t.S0 are
 one tensor-core product and the tokens one chunk of the chunked form (only [BV]-vector work chains the tokens),
-11-19% faster at T = 5 (H200, B 1 / 8 / 64: 7.4 / 38.8 / 305 against 8.3 / 47.6 / 372 µs) but not width-invariant:
+6-19% faster at T = 5 (H200, B 1 / 8 / 64: 7.4 / 39.2 / 303 against 8.3 / 41.8 / 373 µs) but not width-invariant:
 its fp32 chain never rounds the intermediate states.
 
 Shapes (per layer):

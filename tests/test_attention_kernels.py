@@ -221,7 +221,8 @@ def test_verify_attention_27b(kv_fmt, nseg, vt):
     assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
 
 
-LAUNCH_CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 8, 2), (32, 4, 2), (32, 8, 3), (128, 8, 2), (128, 4, 2)]  # N, warps, stages
+# BLOCK_N, warps, stages
+LAUNCH_CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 8, 2), (32, 4, 2), (32, 8, 3), (128, 8, 2), (128, 4, 2)]
 
 
 @pytest.mark.gpu
