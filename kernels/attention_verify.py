@@ -194,7 +194,8 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     q, out [B, q_len, Hq, D]; caches [slots, Hkv, max_len, D] (uint8 e4m3 codes or bf16; V any strided view, best
     keys-fastest as kernels/kv_write.kv_cache allocates it); scales [Hkv] fp32
     (None for bf16); cache_rows, kv_lens [B] int32; partials from alloc_partials when nseg > 1.
-    block_m None packs all q_len·G rows in one tile (verify); prefill passes a tile size."""
+    block_m None packs all q_len·G rows in one tile (verify); prefill passes a tile size. A decode step whose rows
+    must be bitwise those of a verify step (greedy with drafting == without) passes the verify's block_m."""
     B, q_len, hq, D = q.shape
     hkv = k_cache.shape[1]
     G = hq // hkv
