@@ -165,6 +165,20 @@ def _combine_blocks(val_ptr, NB, NBP: tl.constexpr):
 
 
 @triton.jit
+def _program_races(best_ptr, best_idx_ptr, NPROG, NBP: tl.constexpr):
+    """The NPROG programs' race results of one row (score, token; −inf where a program raced nothing) and their
+    index vector."""
+    bs, i = _combine_blocks(best_ptr, NPROG, NBP)
+    return bs, tl.load(best_idx_ptr + i, mask=i < NPROG, other=0), i
+
+
+@triton.jit
+def _race_winner(bs, b_idx, i):
+    """The token of the best race score (ties: the first program's)."""
+    return tl.sum(tl.where(i == tl.argmax(bs, 0), b_idx, 0), 0)
+
+
+@triton.jit
 def _max_and_mass(pmax_ptr, psum_ptr, NB, NBP: tl.constexpr):
     pm, i = _combine_blocks(pmax_ptr, NB, NBP)
     M = tl.max(pm, 0)
@@ -493,15 +507,14 @@ def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
     cv, ci = tl.load(cand_val_ptr + r * CAP + j), tl.load(cand_idx_ptr + r * CAP + j)
     jt = tl.arange(0, TINY)
     cvt, cit = tl.load(cand_val_ptr + r * CAP + jt), tl.load(cand_idx_ptr + r * CAP + jt)
-    bs, i = _combine_blocks(best_ptr + r * NBP, NPROG, NBP)
-    b_idx = tl.load(best_idx_ptr + r * NBP + i, mask=i < NPROG, other=0)
+    bs, b_idx, i = _program_races(best_ptr + r * NBP, best_idx_ptr + r * NBP, NPROG, NBP)
     M, Z, pm = _max_and_mass(pmax_ptr + r * NBP, psum_ptr + r * NBP, NB, NBP)
     pa = tl.load(parg_ptr + r * NBP + i, mask=i < NB, other=0)
     tok = tl.sum(tl.where(i == tl.min(tl.where(pm == M, i, NBP), 0), pa, 0), 0)   # greedy: first argmax
     tau, zs = M, tl.zeros([], tl.float32) + 1.0
     if sampled:
         best = tl.max(bs, 0)
-        tok = tl.sum(tl.where(i == tl.argmax(bs, 0), b_idx, 0), 0)
+        tok = _race_winner(bs, b_idx, i)
         tau, zs = tl.zeros([], tl.float32) + float("-inf"), Z
         if kact | pact:
             M, Z = M_st, Z_st
@@ -623,10 +636,9 @@ def _verdict_kernel(tlog_ptr, t_stride, V, dlog_ptr, d_stride, Vd, t2d_ptr, draf
         tl.store(seq_ticket_ptr + bq, 0)
         emitted = tl.sum(tl.where(jk == a, tid, 0), 0)
         if race:   # r == 0 everywhere falls back to p (its own sample)
-            bs, i = _combine_blocks(best_ptr + bq * NBP, NPROG, NBP)
-            bi = tl.load(best_idx_ptr + bq * NBP + i, mask=i < NPROG, other=0)
+            bs, b_idx, i = _program_races(best_ptr + bq * NBP, best_idx_ptr + bq * NBP, NPROG, NBP)
             if tl.max(bs, 0) > float("-inf"):
-                emitted = tl.sum(tl.where(i == tl.argmax(bs, 0), bi, 0), 0)
+                emitted = _race_winner(bs, b_idx, i)
         tl.store(out_ptr + bq * (K + 1) + jk, tl.where(jk < a, dt, tl.where(jk == a, emitted, -1)), mask=jk <= K)
         tl.store(n_emit_ptr + bq, a + 1)
     _advance(offset_ptr, off, ticket_ptr, B * NPROG)
