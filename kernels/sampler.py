@@ -107,6 +107,13 @@ def _load_x(row_ptr, offs, V, inv_t):
 
 
 @triton.jit
+def _next_block(row_ptr, pmax_row, b, NB, V, inv_t, BLOCK: tl.constexpr):
+    """Block b's scaled logits (−inf past V) and its stats maximum (block NB − 1's past the end): what the looping
+    passes request one block ahead."""
+    return _load_x(row_ptr, b * BLOCK + tl.arange(0, BLOCK), V, inv_t), tl.load(pmax_row + tl.minimum(b, NB - 1))
+
+
+@triton.jit
 def _key(x):
     """fp32 -> int64 with the same order (−0.0 folded into +0.0)."""
     b = (x + 0.0).to(tl.int32, bitcast=True)
@@ -351,8 +358,7 @@ def _level_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, 
             pm_next = tl.load(pmax_ptr + r * NBP + j)
             for b in range(j, NB, NPROG):
                 x, pm_b = x_next, pm_next
-                x_next = _load_x(row_ptr, (b + NPROG) * BLOCK + tl.arange(0, BLOCK), V, inv_t)   # (masked at the end)
-                pm_next = tl.load(pmax_ptr + r * NBP + tl.minimum(b + NPROG, NB - 1))
+                x_next, pm_next = _next_block(row_ptr, pmax_ptr + r * NBP, b + NPROG, NB, V, inv_t, BLOCK)
                 if pm_b >= low:   # the block holds bracket elements (or only elements >= hs, counted as zeros)
                     xb = tl.where((x >= low) & (x < hs), x, float("-inf"))
                     cnt, mass = _pivot_sums(xb, M, t2, gi, cnt, mass, mass_rows, PG)
@@ -399,8 +405,7 @@ def _compact_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
         for b in range(j, NB, NPROG):
             offs = b * BLOCK + tl.arange(0, BLOCK)
             x, pm_b = x_next, pm_next
-            x_next = _load_x(row_ptr, offs + NPROG * BLOCK, V, inv_t)
-            pm_next = tl.load(pmax_ptr + r * NBP + tl.minimum(b + NPROG, NB - 1))
+            x_next, pm_next = _next_block(row_ptr, pmax_ptr + r * NBP, b + NPROG, NB, V, inv_t, BLOCK)
             if pm_b >= low:
                 kept += tl.sum(tl.where(x >= t_race, tl.exp(x - M), 0.0), 0)
                 if collect:
