@@ -14,14 +14,14 @@ import itertools
 import torch
 
 from bench.harness import best_of, row, suite_main, time_us
-from kernels import int4_gemv as gemv
+from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma
 from kernels.int4_linear import Config, int4_linear, pick_config, w4a8_linear
 from layers.quant import Int4Weight
 
 SHAPES = (("gdn_in_proj_qkvz", 16384, 5120), ("out_proj", 5120, 6144), ("attn_qkv_gate", 14336, 5120),
           ("mlp_gate_up", 34816, 5120), ("mlp_down", 5120, 17408))       # name, N, K
 GEMV_M = (1, 2, 3, 4, 5)
-GEMM_M = (64, 320)
+GEMM_M = (40, 64, 320)
 PEER_M = (1, 5) + GEMM_M
 ROTATE_BYTES = 256 << 20
 
@@ -41,8 +41,9 @@ def int4_bytes(m, n, k, act_bytes=2):
     return n * k // 2 + n * (k // 128) * 2 + m * k * act_bytes + m * n * 2
 
 
-def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None):
-    """int4_linear (cfg forces the Triton kernel), w4a8_linear (a8), or int4_gemv with explicit gemv_params."""
+def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None, wgmma_params=None):
+    """int4_linear (cfg forces the Triton kernel), w4a8_linear (a8), or int4_gemv / int4_wgmma with explicit
+    launch parameters."""
     weights = rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     if a8:
@@ -52,6 +53,8 @@ def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     if gemv_params is not None:
         return time_us(lambda: gemv.int4_gemv(x, weights(), out, **gemv_params))
+    if wgmma_params is not None:
+        return time_us(lambda: wgmma.int4_wgmma(x, weights(), out, **wgmma_params))
     return time_us(lambda: int4_linear(x, weights(), out=out, cfg=cfg))
 
 
@@ -101,13 +104,19 @@ def run(peak_Bps: float) -> list:
         for m in GEMV_M + GEMM_M:
             us = time_ours(m, n, k)
             extra = {"vs_cublas": round(cublas[m] / us, 2)} if m in cublas else {}
-            config = _gemv_str(gemv.pick(m, n, k, dev)) if m <= gemv.MAX_ROWS else _cfg_str(pick_config(m, n, k, dev))
+            if m <= gemv.MAX_ROWS:
+                config = _gemv_str(gemv.pick(m, n, k, dev))
+            elif gpu.capability(dev) >= (9, 0) and m >= wgmma.MIN_ROWS:
+                config = _wgmma_str(wgmma.pick(m, n, k, dev))
+            else:
+                config = _cfg_str(pick_config(m, n, k, dev))
             rows.append(row("int4_linear W4A16", f"{shape} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k, peak_Bps,
                             peer="ours", config=config, **extra))
-        for m in (1, 5):
+        for m in PEER_M:
             cfg = pick_config(m, n, k, dev)
-            rows.append(row("int4_linear W4A16 [triton]", f"{shape} M={m}", time_ours(m, n, k, cfg=cfg),
-                            int4_bytes(m, n, k), 2 * m * n * k, peak_Bps, peer="ours", config=_cfg_str(cfg)))
+            us = time_ours(m, n, k, cfg=cfg)
+            rows.append(row("int4_linear W4A16 [triton]", f"{shape} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k,
+                            peak_Bps, peer="ours", vs_cublas=round(cublas[m] / us, 2), config=_cfg_str(cfg)))
         for m in PEER_M:
             us = time_ours(m, n, k, a8=True)
             rows.append(row("w4a8_linear", f"{shape} M={m}", us, int4_bytes(m, n, k, act_bytes=1) + 4 * m,
@@ -117,6 +126,10 @@ def run(peak_Bps: float) -> list:
 
 def _gemv_str(p: dict) -> str:
     return f"gemv {p['block_n']}x{p['warps']}w st{p['stages']} p{p['programs']}"
+
+
+def _wgmma_str(p: dict) -> str:
+    return f"wgmma {16 * p['warps']}x{p['block_m']} st{p['stages']} s{p['splits']}"
 
 
 def _cfg_str(c: Config) -> str:
@@ -141,8 +154,17 @@ GEMV_VARIANTS = [dict(block_n=bn, warps=w, stages=st, ctas_per_sm=c) for bn, w, 
                   (64, 1, 4, 16))]
 
 
+# Alternatives to int4_wgmma.LAUNCH for --sweep
+WGMMA_VARIANTS = [dict(block_m=bm, stages=st) for bm, st in ((64, 3), (64, 4), (128, 3), (128, 4))]
+
+
 def sweep(peak_Bps: float) -> list:
     rows = []
+    for (name, n, k), m in itertools.product(SHAPES, (64, 320)):
+        configs = [wgmma.pick(m, n, k, torch.device("cuda"), **v) for v in WGMMA_VARIANTS]
+        rows += best_of(configs, lambda c: time_ours(m, n, k, wgmma_params=c),
+                        lambda c, us: row("int4_wgmma", f"{name} {n}x{k} M={m}", us, int4_bytes(m, n, k),
+                                          2 * m * n * k, peak_Bps, config=_wgmma_str(c)), show=3)
     for (name, n, k), m in itertools.product(SHAPES, (1, 5, 16)):
         configs = [(gemv.pick(m, n, k, torch.device("cuda"), **v), v["ctas_per_sm"]) for v in GEMV_VARIANTS]
         rows += best_of(configs, lambda c: time_ours(m, n, k, gemv_params=c[0]),

@@ -8,8 +8,9 @@ Shapes (kernel): x [M, K] (row stride stride_xm, unit column stride), qweight in
 projections (gate+up, q/k/v(+gate), GDN qkv+z) are one call on the weights concatenated along N by the loader.
 Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_int4(w).T).
 On a GPU (sm_80+), int4_linear hands calls of ≤ 16 rows with symmetric weights to kernels/int4_gemv.py, which
-streams the weights in the mma's register layout (~2x faster there); this kernel covers the rest, and every row
-count in the CPU interpreter (Gluon has none). Passing a Config forces this kernel.
+streams the weights in the mma's register layout (~2x faster there), and on sm_90 larger ones to
+kernels/int4_wgmma.py (weights as the wgmma's register operand); this kernel covers the rest (W4A8, asymmetric
+weights, sm_8x), and every row count in the CPU interpreter (Gluon has none). Passing a Config forces it.
 
 Design, and why:
 * Tensor cores for every M, M padded to BLOCK_M ≥ 16. The cost of an int4 GEMV is unpacking, not multiplying:
@@ -45,8 +46,12 @@ from layers.quant import Int4Weight
 
 try:                            # Gluon is experimental in Triton: without it, this kernel serves every call
     from kernels.int4_gemv import int4_gemv, supports as gemv_supports
+    from kernels.int4_wgmma import int4_wgmma, supports as wgmma_supports
 except ImportError:
     def gemv_supports(x, w):
+        return False
+
+    def wgmma_supports(x, w):
         return False
 
 GROUP = 128
@@ -350,6 +355,8 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg: C
         out = torch.empty(*x.shape[:-1], w.n, dtype=x.dtype, device=x.device)
     if cfg is None and gemv_supports(x, w):
         return int4_gemv(x, w, out)
+    if cfg is None and wgmma_supports(x, w):
+        return int4_wgmma(x, w, out)
     return _launch(x, None, w, out, cfg)
 
 

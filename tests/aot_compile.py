@@ -19,6 +19,7 @@ import kernels.attention_prefill as attention_prefill
 import kernels.attention_verify as attention_verify
 import kernels.device as gpu
 import kernels.int4_gemv as int4_gemv
+import kernels.int4_wgmma as int4_wgmma
 import kernels.int4_linear as int4_linear
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import gdn_prefill
@@ -54,6 +55,9 @@ def launches():
             int4_linear.int4_linear(empty(m, k), w)
         for m in (1, 5, 16):                        # the GPU's path for these (int4_linear picks it on CUDA only)
             int4_gemv.int4_gemv(empty(m, k), w, empty(m, n))
+        if gpu.capability(None) >= (9, 0):
+            for m in (B * T, 320):                  # and on sm_90 for these
+                int4_wgmma.int4_wgmma(empty(m, k), w, empty(m, n))
         int4_linear.w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
         yield f"int4 {n}x{k}"
     head = Int8Weight(empty(V, H, dtype=torch.int8), empty(V, dtype=torch.float16))

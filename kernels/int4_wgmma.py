@@ -1,0 +1,250 @@
+"""Int4-weight GEMM on Hopper's warpgroup tensor cores (wgmma) for large verify and batch steps (65+ rows):
+out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the canonical int4 layout (layers/quant.py), x bf16/fp16.
+
+Why a third int4 kernel: at 320 rows the Triton kernel (int4_linear.py) ran at 0.33-0.44x cuBLAS bf16 on the
+H200. Here, per CTA of BN = 16·warps output columns (the wgmma's M side, 64 per warpgroup) and BM tokens (its N
+side), and per group of 128 k:
+* The group's words [16, BN], scales [BN] and activation tile [BM, 128] are copied (cp.async) into a ring of
+  STAGES shared-memory stages, STAGES − 2 groups ahead; the activations in the wgmma's swizzled layout, read
+  there by the tensor cores as the B operand.
+* Each thread unpacks whole words (a warp reads 32 consecutive columns of one word row): nibble pair j of a word
+  becomes a pair of weights with one byte permute and one lop3 (codes 2j, 2j+1 as 128 + q in bf16 or 1024 + q in
+  fp16), then (· − 136)·s or (· − 1032)·s in x's dtype: the weights exactly as a dequantised 16-bit checkpoint
+  holds them (as int4_linear's large-M forms compute them), so the mma accumulates across groups in fp32 with
+  no per-group epilogue. The 8 consecutive k of a word are one 16-byte store into the A tile in shared memory.
+* The A operand goes through shared memory, not registers: with A in registers an asynchronous wgmma reads
+  them after issue, and nothing kept the compiler from reusing them for the next group's weights (wrong sums on
+  the H200); through shared memory the next group is unpacked in registers while the current one multiplies.
+* Split-K where the output tiles alone leave SMs idle, summed through int4_gemv's fp64 workspace (deterministic).
+  On sm_90 the launch is a programmatic dependent launch whose first weights stream before the previous kernel
+  finishes.
+Measured on the H200 (bench/results/kernels-h200.md): 1.3-1.5x the Triton kernel at 320 rows, still ~0.5x cuBLAS
+bf16; the compiler serialises the 8 wgmmas of a group (ptxas C7514), so the tensor cores wait for each other.
+Below 65 rows the Triton kernel was as fast or faster (40 and 64 rows). Gluon has no interpreter: checked
+against the dequantising reference in the GPU tests, compiled for sm_90 by tests/aot_compile.py. sm_90+ only;
+other GPUs and asymmetric weights take int4_linear. Reference: layers.quant.dequantize_int4."""
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
+
+from kernels import device as gpu
+from kernels.int4_gemv import _flush
+from kernels.splitk import split_count, workspace
+from layers.quant import Int4Weight
+
+MIN_ROWS = 65                   # below, int4_linear's Triton kernel (and int4_gemv to 16 rows) is as fast
+
+
+def _log2(v: int) -> int:
+    assert v & (v - 1) == 0, v
+    return v.bit_length() - 1
+
+
+def layouts(bn: int, bm: int, warps: int):
+    """(accumulator [BN, BM], the weights' shared tile [BN, 128], pairs [BN, 16 (word), 4 (pair in the word)])
+    layouts. A thread unpacks whole words, its 4 pairs (8 consecutive k, one 16-byte store) in registers; a warp
+    reads 32 consecutive columns of one word row (conflict-free), warps take word rows."""
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bm, 16])
+    a_smem = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    assert bn >= 32 and warps <= 16
+    warp_rows = _log2(warps)
+    pairs = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2]] + [[0, 1 << i, 0] for i in range(warp_rows, 4)]
+        + [[32 << i, 0, 0] for i in range(_log2(bn // 32))],
+        lane_bases=[[1 << i, 0, 0] for i in range(5)],
+        warp_bases=[[0, 1 << i, 0] for i in range(warp_rows)], block_bases=[], shape=[bn, 16, 4])
+    return mma, a_smem, pairs
+
+
+def copy_layouts(bn: int, warps: int):
+    """(words copy [16, BN], scales copy [BN], the words' and scales' ring layout, activations copy [BM, 128], the
+    activations' ring layout): 16 bytes per thread and copy; words and scales unswizzled, the activations in the
+    wgmma's 128-byte swizzle."""
+    lanes_n = min(32, bn // 4)
+    w_copy = gl.BlockedLayout([1, 4], [32 // lanes_n, lanes_n], [warps, 1], [1, 0])
+    s_copy = gl.SliceLayout(0, gl.BlockedLayout([1, 8], [1, 32], [1, warps], [1, 0]))
+    flat = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])       # of a [STAGES, ...] ring
+    x_copy = gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
+    x_ring = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    return w_copy, s_copy, flat, x_copy, x_ring
+
+
+@gluon.jit
+def _weight_pairs(words, sel, s2, DT: gl.constexpr):
+    """Words [...] (int32), byte selector sel (nibble pair j: byte j of the word and of the word >> 4), scale pairs
+    s2 (s in x's dtype, both halves) → weights ((q_2j − 8)·s, (q_2j+1 − 8)·s) as a pair of DT in an int32."""
+    if DT == gl.float16:
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 t, c; shr.b32 t, $1, 4; prmt.b32 t, $1, t, $2; lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;"
+            " mov.b32 c, 0x64086408; sub.rn.f16x2 t, t, c; mul.rn.f16x2 $0, t, $3; }",
+            "=r,r,r,r", [words, sel, s2], dtype=gl.int32, is_pure=True, pack=1)
+    else:
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 t, c; shr.b32 t, $1, 4; prmt.b32 t, $1, t, $2; lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;"
+            " mov.b32 c, 0x43084308; sub.rn.bf16x2 t, t, c; mul.rn.bf16x2 $0, t, $3; }",
+            "=r,r,r,r", [words, sel, s2], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _weights(stage, s, BN: gl.constexpr, DT: gl.constexpr, pairs: gl.constexpr):
+    """A ring stage's words [16, BN] and the group's scales s [BN] → the weights [BN, 128] in DT, in k order."""
+    words = gl.expand_dims(stage.permute((1, 0)).load(gl.SliceLayout(2, pairs)), 2)          # [BN, 16, 1]
+    j = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, pairs)))
+    sel = gl.expand_dims(gl.expand_dims(j + ((j + 4) << 8), 0), 0)                            # [1, 1, 4]
+    u = s.to(DT).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    s2 = gl.expand_dims(gl.expand_dims(u | (u << 16), 1), 2)                                 # [BN, 1, 1]
+    zero = gl.zeros([BN, 16, 4], gl.int32, pairs)
+    p = _weight_pairs(words + zero, sel + zero, s2 + zero, DT)                                # [BN, 16, 4]
+    # pinned here (an opaque move): else the compiler sinks the unpacking past the wait for the previous group's
+    # mma, and the tensor cores idle while it runs
+    p = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p], dtype=gl.int32, is_pure=False, pack=1)
+    w = gl.join(p.to(gl.int16), (p >> 16).to(gl.int16)).to(DT, bitcast=True)                # [BN, 16, 4, 2]
+    return gl.reshape(w, [BN, 128])                                                           # k = 8·word + 2·j + e
+
+
+@gluon.jit
+def _copy_group(w_stage, s_stage, x_stage, w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x_ok, g, g_hi, N, WORDS: gl.constexpr,
+                ACTS: gl.constexpr):
+    """Group g's words [16, BN] and scales [BN] (WORDS) and/or activations [BM, 128] (ACTS) into a ring stage;
+    nothing is read past g_hi. The scales ride in the ring: loaded into registers a group ahead, their memory
+    latency stalled every group."""
+    live = g < g_hi
+    if WORDS:
+        async_copy.async_copy_global_to_shared(w_stage, w_ptrs + g * 16 * N, mask=w_ok & live)
+        async_copy.async_copy_global_to_shared(s_stage, s_ptrs + g * N, mask=s_ok & live)
+    if ACTS:
+        async_copy.async_copy_global_to_shared(x_stage, x_ptrs + g * 128, mask=x_ok & live)
+
+
+@gluon.jit
+def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K, stride_xm, stride_om, m_tiles,
+                       splits, mma: gl.constexpr, a_layout: gl.constexpr, pairs: gl.constexpr, w_copy: gl.constexpr,
+                       s_copy: gl.constexpr, flat: gl.constexpr, x_copy: gl.constexpr, x_ring: gl.constexpr,
+                       BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr):
+    # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/8, N], s [K/128, N], out [M, N] (any float dtype);
+    # ws fp32 [2·M·N] (as fp64 [M, N]) and cnt int32 [m_tiles · n_tiles] zeroed (kernels/splitk.py).
+    # Grid (n_tiles · splits · m_tiles,): the m tiles of one column tile and K range run side by side (the weights
+    # come from HBM once); program = ((n_tile · splits) + split) · m_tiles + m_tile.
+    DT: gl.constexpr = x_ptr.dtype.element_ty
+    N = N8 * 8                  # (passed as N / 8: rows of words and scales are then known 16-byte aligned)
+    pid = gl.program_id(0)
+    m_tile = pid % m_tiles
+    split = (pid // m_tiles) % splits
+    n_tile = pid // (m_tiles * splits)
+    n0 = n_tile * BN
+    m0 = m_tile * BM
+    n_groups = K // 128
+    per_split = gl.cdiv(n_groups, splits)
+    g_lo = split * per_split
+    g_hi = gl.minimum(g_lo + per_split, n_groups)
+
+    wr = gl.arange(0, 16, layout=gl.SliceLayout(1, w_copy))
+    wn = gl.arange(0, BN, layout=gl.SliceLayout(0, w_copy))
+    w_ptrs = qw_ptr + gl.expand_dims(wr, 1) * N + n0 + gl.expand_dims(wn, 0)
+    w_ok = gl.expand_dims(wr < 16, 1) & gl.expand_dims(n0 + wn < N, 0)
+    xm = gl.arange(0, BM, layout=gl.SliceLayout(1, x_copy))
+    xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_copy))
+    x_ptrs = x_ptr + gl.expand_dims(m0 + xm, 1).to(gl.int64) * stride_xm + gl.expand_dims(xk, 0)
+    x_ok = gl.expand_dims(m0 + xm < M, 1) & gl.expand_dims(xk < 128, 0)
+    sn = n0 + gl.arange(0, BN, layout=s_copy)
+    s_ptrs = gl.expand_dims(s_ptr + sn, 0)                                              # [1, BN]
+    s_ok = gl.expand_dims(sn < N, 0)
+
+    w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 16, BN], flat)
+    s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, 1, BN], flat)
+    x_ring_smem = gl.allocate_shared_memory(DT, [STAGES, BM, 128], x_ring)
+    a_smem = gl.allocate_shared_memory(DT, [BN, 128], a_layout)
+    # Ring: STAGES − 2 groups ahead are in flight; a stage is refilled once every warpgroup's mma of it retired.
+    # The prologue's words and scales (constants) are requested before waiting for the previous kernel, which
+    # writes x.
+    for i in gl.static_range(STAGES - 2):
+        _copy_group(w_ring.index(i), s_ring.index(i), x_ring_smem.index(i), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x_ok,
+                    g_lo + i, g_hi, N, True, False)
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    for i in gl.static_range(STAGES - 2):
+        _copy_group(w_ring.index(i), s_ring.index(i), x_ring_smem.index(i), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x_ok,
+                    g_lo + i, g_hi, N, False, True)
+        async_copy.commit_group()
+
+    acc = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, mma))
+    for g in range(g_lo, g_hi):
+        step = g - g_lo
+        async_copy.wait_group(STAGES - 3)         # this thread's copies of group g have landed,
+        fence_async_shared()                       # are visible to the tensor cores' (async proxy) reads,
+        gl.thread_barrier()                        # and everyone's are; every warpgroup's mma of group g − 2 retired
+        nxt = (step + STAGES - 2) % STAGES
+        _copy_group(w_ring.index(nxt), s_ring.index(nxt), x_ring_smem.index(nxt), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs,
+                    x_ok, g + STAGES - 2, g_hi, N, True, True)
+        async_copy.commit_group()
+        cur = step % STAGES
+        s = s_ring.index(cur).reshape([BN]).load(gl.SliceLayout(1, gl.SliceLayout(2, pairs)))
+        w = _weights(w_ring.index(cur), s, BN, DT, pairs)                   # while group g − 1 multiplies
+        acc = warpgroup_mma_wait(0, deps=[acc])                              # which has read a_smem
+        a_smem.store(w)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(a_smem, x_ring_smem.index(cur).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    async_copy.wait_group(0)
+    if SPLIT:       # a constexpr: the fp64 adds' registers would otherwise count against every launch
+        _flush(acc, n_tile, g_hi - g_lo, n_groups, out_ptr + m0 * stride_om, ws_ptr + 2 * m0 * N,
+               cnt_ptr + m_tile * gl.cdiv(N, BN), M - m0, N, stride_om, BN, BM, mma)
+    else:
+        cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+        tok = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        gl.store(out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1),
+                 acc.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
+
+
+# Token tile, warps (BN = 16·warps columns), ring stages, and CTAs per SM that split-K aims for. H200 sweep at
+# 320 rows (bench/kernels_int4.py --sweep): 64-token tiles on 3 stages fit 2 CTAs per SM and beat 128-token tiles
+# (gate_up 343 against 386 µs).
+LAUNCH = dict(block_m=64, warps=8, stages=3, ctas_per_sm=2)
+
+
+def supports(x: torch.Tensor, w: Int4Weight) -> bool:
+    """Whether this kernel takes the call: CUDA sm_90+, ≥ MIN_ROWS rows, symmetric weights, group 128."""
+    return (x.is_cuda and gpu.capability(x.device) >= (9, 0) and x.numel() // x.shape[-1] >= MIN_ROWS
+            and w.zs is None and w.group == 128 and x.dtype in (torch.bfloat16, torch.float16)
+            and x.stride(-1) == 1)
+
+
+def pick(m: int, n: int, k: int, device, **override) -> dict:
+    """Launch parameters for m rows: LAUNCH, and the split-K count that fills the GPU."""
+    p = dict(LAUNCH, **override)
+    ctas_per_sm = p.pop("ctas_per_sm")
+    if "splits" not in p:
+        tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, 16 * p["warps"])
+        p["splits"] = split_count(tiles, k // 128, ctas_per_sm, gpu.num_sms(device))
+    return p
+
+
+def int4_wgmma(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_m: int = None, warps: int = None,
+               stages: int = None, splits: int = None) -> torch.Tensor:
+    """x [..., K] (bf16/fp16) → out [..., N] (any float dtype); launch parameters default to pick()."""
+    k, n = w.k, w.n
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    out2 = out.view(-1, n)
+    assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
+    given = {key: v for key, v in dict(block_m=block_m, warps=warps, stages=stages, splits=splits).items()
+             if v is not None}
+    p = pick(m, n, k, x.device, **given)
+    bm, warps, stages = p["block_m"], p["warps"], p["stages"]
+    bn = 16 * warps
+    m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
+    pdl = gpu.pdl(x.device)
+    ws, cnt = workspace(x.device, 2 * m * n, m_tiles * n_tiles)                  # fp64 [M, N]
+    mma, a_layout, pairs = layouts(bn, bm, warps)
+    w_copy, s_copy, flat, x_copy, x_ring = copy_layouts(bn, warps)
+    _int4_wgmma_kernel[(n_tiles * p["splits"] * m_tiles,)](
+        x2, w.qweight, w.scales, out2, ws, cnt, m, n // 8, k, x2.stride(0), out2.stride(0), m_tiles, p["splits"],
+        mma, a_layout, pairs, w_copy, s_copy, flat, x_copy, x_ring, bn, bm, stages, p["splits"] > 1, pdl,
+        num_warps=warps, launch_pdl=pdl)
+    return out
