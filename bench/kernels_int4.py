@@ -155,12 +155,12 @@ GEMV_VARIANTS = [dict(block_n=bn, warps=w, stages=st, ctas_per_sm=c) for bn, w, 
 
 
 # Alternatives to int4_wgmma.LAUNCH for --sweep
-WGMMA_VARIANTS = [dict(block_m=bm, stages=st) for bm, st in ((64, 3), (64, 4), (128, 3), (128, 4))]
+WGMMA_VARIANTS = [dict(block_m=bm, stages=st) for bm, st in ((64, 2), (64, 3), (64, 4), (128, 2), (128, 3))]
 
 
 def sweep(peak_Bps: float) -> list:
     rows = []
-    for (name, n, k), m in itertools.product(SHAPES, (64, 320)):
+    for (name, n, k), m in itertools.product(SHAPES, (40, 320)):
         configs = [wgmma.pick(m, n, k, torch.device("cuda"), **v) for v in WGMMA_VARIANTS]
         rows += best_of(configs, lambda c: time_ours(m, n, k, wgmma_params=c),
                         lambda c, us: row("int4_wgmma", f"{name} {n}x{k} M={m}", us, int4_bytes(m, n, k),

@@ -1,41 +1,43 @@
-"""Int4-weight GEMM on Hopper's warpgroup tensor cores (wgmma) for large verify and batch steps (65+ rows):
+"""Int4-weight GEMM on Hopper's warpgroup tensor cores (wgmma) for verify and batch steps (17+ rows):
 out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the canonical int4 layout (layers/quant.py), x bf16/fp16.
 
-Why a third int4 kernel: at 320 rows the Triton kernel (int4_linear.py) ran at 0.33-0.44x cuBLAS bf16 on the
-H200. Here, per CTA of BN = 16·warps output columns (the wgmma's M side, 64 per warpgroup) and BM tokens (its N
-side), and per group of 128 k:
+Why a third int4 kernel: at 40-320 rows the Triton kernel (int4_linear.py) ran at 0.33-0.44x cuBLAS bf16 on the
+H200 at 320 rows. Here, per CTA of BN = 16·warps output columns (the wgmma's M side, 64 per warpgroup) and BM
+tokens (its N side), and per group of 128 k:
 * The group's words [16, BN], scales [BN] and activation tile [BM, 128] are copied (cp.async) into a ring of
-  STAGES shared-memory stages, STAGES − 2 groups ahead; the activations in the wgmma's swizzled layout, read
+  STAGES shared-memory stages, STAGES − 1 groups ahead; the activations in the wgmma's swizzled layout, read
   there by the tensor cores as the B operand.
-* Each thread unpacks whole words (a warp reads 32 consecutive columns of one word row): nibble pair j of a word
-  becomes a pair of weights with one byte permute and one lop3 (codes 2j, 2j+1 as 128 + q in bf16 or 1024 + q in
-  fp16), then (· − 136)·s or (· − 1032)·s in x's dtype: the weights exactly as a dequantised 16-bit checkpoint
-  holds them (as int4_linear's large-M forms compute them), so the mma accumulates across groups in fp32 with
-  no per-group epilogue. The 8 consecutive k of a word are one 16-byte store into the A tile in shared memory.
-* The A operand goes through shared memory, not registers: with A in registers an asynchronous wgmma reads
-  them after issue, and nothing kept the compiler from reusing them for the next group's weights (wrong sums on
-  the H200); through shared memory the next group is unpacked in registers while the current one multiplies.
+* The weights are the A operand, from registers: each thread reads back the words its A fragment needs (lane t
+  of a quad holds k = 2t, 2t+1 and 2t+8, 2t+9 of every 16: nibble pair t of each word) and makes each pair with
+  one byte permute and one lop3 (codes 2t, 2t+1 as 128 + q in bf16 or 1024 + q in fp16), then (· − 136)·s or
+  (· − 1032)·s in x's dtype: the weights exactly as a dequantised 16-bit checkpoint holds them (as int4_linear's
+  large-M forms compute them), so the mma accumulates across groups in fp32 with no per-group epilogue.
+* Each group's wgmma is waited for at once: an asynchronous wgmma reads its A registers after issue, and nothing
+  keeps the compiler from reusing them for the next group's weights (the H200 gave wrong sums); two CTAs per SM
+  overlap one's unpacking with the other's mma instead. (A through shared memory allowed overlap within a CTA
+  but was slower: the tile's stores and reads cost more shared-memory bandwidth than the overlap won.)
 * Split-K where the output tiles alone leave SMs idle, summed through int4_gemv's fp64 workspace (deterministic).
   On sm_90 the launch is a programmatic dependent launch whose first weights stream before the previous kernel
   finishes.
-Measured on the H200 (bench/results/kernels-h200.md): 1.3-1.5x the Triton kernel at 320 rows, still ~0.5x cuBLAS
-bf16; the compiler serialises the 8 wgmmas of a group (ptxas C7514), so the tensor cores wait for each other.
-Below 65 rows the Triton kernel was as fast or faster (40 and 64 rows). Gluon has no interpreter: checked
-against the dequantising reference in the GPU tests, compiled for sm_90 by tests/aot_compile.py. sm_90+ only;
-other GPUs and asymmetric weights take int4_linear. Reference: layers.quant.dequantize_int4."""
+Measured on the H200 (bench/results/kernels-h200.md): 1.4-1.7x the Triton kernel at 320 rows, 0.5-0.75x cuBLAS
+bf16; at 40 and 64 rows as fast as the Triton kernel, 1.4x on the MLP's gate/up. ncu at 320 rows: the SMs issue
+at ~2 instructions per cycle, mostly unpacking (~5 per pair of weights), with the tensor cores half idle.
+Gluon has no interpreter: checked against the dequantising reference in the GPU tests, compiled for sm_90 by
+tests/aot_compile.py. sm_90+ only; other GPUs and asymmetric weights take int4_linear.
+Reference: layers.quant.dequantize_int4."""
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
-                                                              warpgroup_mma_init, warpgroup_mma_wait)
+                                                              warpgroup_mma_wait)
 
 from kernels import device as gpu
 from kernels.int4_gemv import _flush
 from kernels.splitk import split_count, workspace
 from layers.quant import Int4Weight
 
-MIN_ROWS = 65                   # below, int4_linear's Triton kernel (and int4_gemv to 16 rows) is as fast
+MIN_ROWS = 17                   # up to 16 rows kernels/int4_gemv.py streams the weights faster
 
 
 def _log2(v: int) -> int:
@@ -44,19 +46,17 @@ def _log2(v: int) -> int:
 
 
 def layouts(bn: int, bm: int, warps: int):
-    """(accumulator [BN, BM], the weights' shared tile [BN, 128], pairs [BN, 16 (word), 4 (pair in the word)])
-    layouts. A thread unpacks whole words, its 4 pairs (8 consecutive k, one 16-byte store) in registers; a warp
-    reads 32 consecutive columns of one word row (conflict-free), warps take word rows."""
+    """(accumulator [BN, BM], the A operand [BN, 128], pairs [BN, 16 (word), 4 (pair in the word)]) layouts. The
+    pairs' bases are the A fragment's with k = 8·word + 2·pair + e: e is the half of the 32-bit pair, pair bits
+    are the quad's lanes, word bits the fragment's k registers, so the pairs become the operand in place."""
     mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bm, 16])
-    a_smem = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    assert bn >= 32 and warps <= 16
-    warp_rows = _log2(warps)
+    a_op = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    reps = [[16 * warps << i, 0, 0] for i in range(_log2(bn // (16 * warps)))]
     pairs = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2]] + [[0, 1 << i, 0] for i in range(warp_rows, 4)]
-        + [[32 << i, 0, 0] for i in range(_log2(bn // 32))],
-        lane_bases=[[1 << i, 0, 0] for i in range(5)],
-        warp_bases=[[0, 1 << i, 0] for i in range(warp_rows)], block_bases=[], shape=[bn, 16, 4])
-    return mma, a_smem, pairs
+        reg_bases=[[8, 0, 0], [0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0]] + reps,
+        lane_bases=[[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16 << i, 0, 0] for i in range(_log2(warps))], block_bases=[], shape=[bn, 16, 4])
+    return mma, a_op, pairs
 
 
 def copy_layouts(bn: int, warps: int):
@@ -68,8 +68,8 @@ def copy_layouts(bn: int, warps: int):
     s_copy = gl.SliceLayout(0, gl.BlockedLayout([1, 8], [1, 32], [1, warps], [1, 0]))
     flat = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])       # of a [STAGES, ...] ring
     x_copy = gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
-    x_ring = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    return w_copy, s_copy, flat, x_copy, x_ring
+    x_swizzled = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    return w_copy, s_copy, flat, x_copy, x_swizzled
 
 
 @gluon.jit
@@ -89,8 +89,8 @@ def _weight_pairs(words, sel, s2, DT: gl.constexpr):
 
 
 @gluon.jit
-def _weights(stage, s, BN: gl.constexpr, DT: gl.constexpr, pairs: gl.constexpr):
-    """A ring stage's words [16, BN] and the group's scales s [BN] → the weights [BN, 128] in DT, in k order."""
+def _a_operand(stage, s, BN: gl.constexpr, DT: gl.constexpr, pairs: gl.constexpr, a_op: gl.constexpr):
+    """A ring stage's words [16, BN] and the group's scales s [BN] → the A operand [BN, 128] in DT."""
     words = gl.expand_dims(stage.permute((1, 0)).load(gl.SliceLayout(2, pairs)), 2)          # [BN, 16, 1]
     j = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, pairs)))
     sel = gl.expand_dims(gl.expand_dims(j + ((j + 4) << 8), 0), 0)                            # [1, 1, 4]
@@ -98,11 +98,8 @@ def _weights(stage, s, BN: gl.constexpr, DT: gl.constexpr, pairs: gl.constexpr):
     s2 = gl.expand_dims(gl.expand_dims(u | (u << 16), 1), 2)                                 # [BN, 1, 1]
     zero = gl.zeros([BN, 16, 4], gl.int32, pairs)
     p = _weight_pairs(words + zero, sel + zero, s2 + zero, DT)                                # [BN, 16, 4]
-    # pinned here (an opaque move): else the compiler sinks the unpacking past the wait for the previous group's
-    # mma, and the tensor cores idle while it runs
-    p = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p], dtype=gl.int32, is_pure=False, pack=1)
     w = gl.join(p.to(gl.int16), (p >> 16).to(gl.int16)).to(DT, bitcast=True)                # [BN, 16, 4, 2]
-    return gl.reshape(w, [BN, 128])                                                           # k = 8·word + 2·j + e
+    return gl.convert_layout(gl.reshape(w, [BN, 128]), a_op, assert_trivial=True)           # k = 8·word + 2·j + e
 
 
 @gluon.jit
@@ -121,9 +118,10 @@ def _copy_group(w_stage, s_stage, x_stage, w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x
 
 @gluon.jit
 def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K, stride_xm, stride_om, m_tiles,
-                       splits, mma: gl.constexpr, a_layout: gl.constexpr, pairs: gl.constexpr, w_copy: gl.constexpr,
-                       s_copy: gl.constexpr, flat: gl.constexpr, x_copy: gl.constexpr, x_ring: gl.constexpr,
-                       BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr):
+                       splits, mma: gl.constexpr, a_op: gl.constexpr, pairs: gl.constexpr, w_copy: gl.constexpr,
+                       s_copy: gl.constexpr, flat: gl.constexpr, x_copy: gl.constexpr, x_swizzled: gl.constexpr,
+                       BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
+                       PDL: gl.constexpr):
     # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/8, N], s [K/128, N], out [M, N] (any float dtype);
     # ws fp32 [2·M·N] (as fp64 [M, N]) and cnt int32 [m_tiles · n_tiles] zeroed (kernels/splitk.py).
     # Grid (n_tiles · splits · m_tiles,): the m tiles of one column tile and K range run side by side (the weights
@@ -140,6 +138,7 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
     per_split = gl.cdiv(n_groups, splits)
     g_lo = split * per_split
     g_hi = gl.minimum(g_lo + per_split, n_groups)
+    gl.assume(g_hi > g_lo)      # splits are never empty (a zero-trip path once made ptxas serialise the mma)
 
     wr = gl.arange(0, 16, layout=gl.SliceLayout(1, w_copy))
     wn = gl.arange(0, BN, layout=gl.SliceLayout(0, w_copy))
@@ -153,44 +152,42 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
     s_ptrs = gl.expand_dims(s_ptr + sn, 0)                                              # [1, BN]
     s_ok = gl.expand_dims(sn < N, 0)
 
-    w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 16, BN], flat)
-    s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, 1, BN], flat)
-    x_ring_smem = gl.allocate_shared_memory(DT, [STAGES, BM, 128], x_ring)
-    a_smem = gl.allocate_shared_memory(DT, [BN, 128], a_layout)
-    # Ring: STAGES − 2 groups ahead are in flight; a stage is refilled once every warpgroup's mma of it retired.
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 16, BN], flat)
+    scales_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, 1, BN], flat)
+    acts_ring = gl.allocate_shared_memory(DT, [STAGES, BM, 128], x_swizzled)
+    # Ring: STAGES − 1 groups ahead are in flight; a stage is refilled once every warpgroup's mma of it retired.
     # The prologue's words and scales (constants) are requested before waiting for the previous kernel, which
     # writes x.
-    for i in gl.static_range(STAGES - 2):
-        _copy_group(w_ring.index(i), s_ring.index(i), x_ring_smem.index(i), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x_ok,
-                    g_lo + i, g_hi, N, True, False)
+    for i in gl.static_range(STAGES - 1):
+        _copy_group(words_ring.index(i), scales_ring.index(i), acts_ring.index(i), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs,
+                    x_ok, g_lo + i, g_hi, N, True, False)
     if PDL:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    for i in gl.static_range(STAGES - 2):
-        _copy_group(w_ring.index(i), s_ring.index(i), x_ring_smem.index(i), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x_ok,
-                    g_lo + i, g_hi, N, False, True)
+    for i in gl.static_range(STAGES - 1):
+        _copy_group(words_ring.index(i), scales_ring.index(i), acts_ring.index(i), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs,
+                    x_ok, g_lo + i, g_hi, N, False, True)
         async_copy.commit_group()
 
-    acc = warpgroup_mma_init(gl.zeros([BN, BM], gl.float32, mma))
+    acc = gl.zeros([BN, BM], gl.float32, mma)
     for g in range(g_lo, g_hi):
         step = g - g_lo
-        async_copy.wait_group(STAGES - 3)         # this thread's copies of group g have landed,
+        async_copy.wait_group(STAGES - 2)         # this thread's copies of group g have landed,
         fence_async_shared()                       # are visible to the tensor cores' (async proxy) reads,
-        gl.thread_barrier()                        # and everyone's are; every warpgroup's mma of group g − 2 retired
-        nxt = (step + STAGES - 2) % STAGES
-        _copy_group(w_ring.index(nxt), s_ring.index(nxt), x_ring_smem.index(nxt), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs,
-                    x_ok, g + STAGES - 2, g_hi, N, True, True)
+        gl.thread_barrier()                        # and everyone's are; every warpgroup's mma of group g − 1 retired
+        nxt = (step + STAGES - 1) % STAGES
+        _copy_group(words_ring.index(nxt), scales_ring.index(nxt), acts_ring.index(nxt), w_ptrs, w_ok, s_ptrs, s_ok,
+                    x_ptrs, x_ok, g + STAGES - 1, g_hi, N, True, True)
         async_copy.commit_group()
         cur = step % STAGES
-        s = s_ring.index(cur).reshape([BN]).load(gl.SliceLayout(1, gl.SliceLayout(2, pairs)))
-        w = _weights(w_ring.index(cur), s, BN, DT, pairs)                   # while group g − 1 multiplies
-        acc = warpgroup_mma_wait(0, deps=[acc])                              # which has read a_smem
-        a_smem.store(w)
-        fence_async_shared()
-        gl.thread_barrier()
-        acc = warpgroup_mma(a_smem, x_ring_smem.index(cur).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=[acc])
+        s = scales_ring.index(cur).reshape([BN]).load(gl.SliceLayout(1, gl.SliceLayout(2, pairs)))
+        a = _a_operand(words_ring.index(cur), s, BN, DT, pairs, a_op)
+        # waited for at once: an asynchronous wgmma reads its A registers after issue, and nothing keeps the
+        # compiler from reusing them for the next group's weights (wrong sums on the H200). Two CTAs per SM
+        # overlap one's unpacking with the other's mma instead.
+        acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(a, acts_ring.index(cur).permute((1, 0)), acc,
+                                                        is_async=True)])
     async_copy.wait_group(0)
     if SPLIT:       # a constexpr: the fp64 adds' registers would otherwise count against every launch
         _flush(acc, n_tile, g_hi - g_lo, n_groups, out_ptr + m0 * stride_om, ws_ptr + 2 * m0 * N,
@@ -202,10 +199,11 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
                  acc.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
 
 
-# Token tile, warps (BN = 16·warps columns), ring stages, and CTAs per SM that split-K aims for. H200 sweep at
-# 320 rows (bench/kernels_int4.py --sweep): 64-token tiles on 3 stages fit 2 CTAs per SM and beat 128-token tiles
-# (gate_up 343 against 386 µs).
-LAUNCH = dict(block_m=64, warps=8, stages=3, ctas_per_sm=2)
+# Token tile, warps (BN = 16·warps columns), ring stages, and CTAs per SM that split-K aims for. H200 sweep
+# (40, 64 and 320 rows, the 27B shapes): 64-token tiles fit 2 CTAs per SM (127 registers) and beat 128-token
+# ones (gate_up at 320 rows: 292 against 367 µs); 2 stages beat 3 and 4 at 320 rows (qkvz 135 / 147 / 142 µs)
+# and tie at 40.
+LAUNCH = dict(block_m=64, warps=8, stages=2, ctas_per_sm=2)
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
@@ -241,10 +239,10 @@ def int4_wgmma(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_m: int =
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     pdl = gpu.pdl(x.device)
     ws, cnt = workspace(x.device, 2 * m * n, m_tiles * n_tiles)                  # fp64 [M, N]
-    mma, a_layout, pairs = layouts(bn, bm, warps)
-    w_copy, s_copy, flat, x_copy, x_ring = copy_layouts(bn, warps)
+    mma, a_op, pairs = layouts(bn, bm, warps)
+    w_copy, s_copy, flat, x_copy, x_swizzled = copy_layouts(bn, warps)
     _int4_wgmma_kernel[(n_tiles * p["splits"] * m_tiles,)](
         x2, w.qweight, w.scales, out2, ws, cnt, m, n // 8, k, x2.stride(0), out2.stride(0), m_tiles, p["splits"],
-        mma, a_layout, pairs, w_copy, s_copy, flat, x_copy, x_ring, bn, bm, stages, p["splits"] > 1, pdl,
+        mma, a_op, pairs, w_copy, s_copy, flat, x_copy, x_swizzled, bn, bm, stages, p["splits"] > 1, pdl,
         num_warps=warps, launch_pdl=pdl)
     return out

@@ -31,7 +31,7 @@ def rounded_ref(x, w):
 # M: one ragged token tile, several, tails of 1; N: odd multiples of 8 (ragged column tile); K: odd numbers of
 # groups (splits that end unevenly, one group each); both tiles, 3-5 ring stages, split and not
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg", [
-    (17, 136, 384, torch.bfloat16, torch.float16, dict(block_m=64, stages=3, splits=1)),
+    (17, 136, 384, torch.bfloat16, torch.float16, dict(block_m=64, stages=2, splits=1)),
     (40, 200, 640, torch.float16, torch.float16, dict(block_m=64, stages=4, splits=2)),
     (64, 1032, 1152, torch.bfloat16, torch.bfloat16, dict(block_m=64, stages=5, splits=9)),
     (65, 264, 896, torch.bfloat16, torch.float16, dict(block_m=64, stages=4, splits=3)),
@@ -54,7 +54,7 @@ def test_int4_wgmma(m, n, k, xdt, sdt, cfg):
 @pytest.mark.parametrize("m", [40, 64, 320])
 def test_int4_wgmma_27b_shapes(m, n, k):
     x, w = case(m, n, k, torch.bfloat16, torch.float16, m + n)
-    assert supports(x, w) == (m >= MIN_ROWS)                             # int4_linear's choice; callable below
+    assert supports(x, w) and m >= MIN_ROWS
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     int4_wgmma(x, w, out)
     assert rel_err(out, rounded_ref(x, w)) < 6e-3, (pick(m, n, k, x.device), rel_err(out, rounded_ref(x, w)))
