@@ -179,8 +179,8 @@ def _group_product(q, xg, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: gl.con
 
 
 @gluon.jit
-def _flush(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stride_om, BN: gl.constexpr,
-           BT: gl.constexpr, mma: gl.constexpr):
+def flush_tile(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stride_om, BN: gl.constexpr,
+               BT: gl.constexpr, mma: gl.constexpr):
     """The tile's sum over `groups` of its n_groups groups: stored when that is all of them, else added into the
     workspace, and stored by the program whose groups complete the tile's count (as kernels/splitk.store_tile).
     The workspace adds in fp64: a sum of fp32 partials whose magnitudes lie within 2^24 of each other is exact
@@ -264,8 +264,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
         acc = _group_product(q, xg, s, acc, BN, BT, DT, BASE, mma, a_op, b_op)
         if (u + 1 == u_hi) | ((u + 1) % n_groups == 0):            # the tile's last group, or the range's
             tile = u // n_groups
-            _flush(acc, tile, u + 1 - gl.maximum(u_lo, tile * n_groups), n_groups, out_ptr, ws_ptr, cnt_ptr, M,
-                   N, stride_om, BN, BT, mma)
+            flush_tile(acc, tile, u + 1 - gl.maximum(u_lo, tile * n_groups), n_groups, out_ptr, ws_ptr, cnt_ptr,
+                       M, N, stride_om, BN, BT, mma)
             acc = gl.zeros([BN, BT], gl.float32, mma)
     async_copy.wait_group(0)
 

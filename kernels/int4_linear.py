@@ -9,7 +9,7 @@ projections (gate+up, q/k/v(+gate), GDN qkv+z) are one call on the weights conca
 Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_int4(w).T).
 On a GPU (sm_80+), int4_linear hands calls of ≤ 16 rows with symmetric weights to kernels/int4_gemv.py, which
 streams the weights in the mma's register layout (~2x faster there), and on sm_90 larger ones to
-kernels/int4_wgmma.py (weights as the wgmma's register operand, 1.4-1.7x this kernel at 320 rows); this kernel
+kernels/int4_wgmma.py (weights as the wgmma's register operand, 1.1-1.7x this kernel at 40-320 rows); this kernel
 covers the rest (W4A8, asymmetric weights, sm_8x), and every row count in the CPU interpreter (Gluon has none).
 Passing a Config forces it.
 

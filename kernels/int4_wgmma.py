@@ -17,11 +17,13 @@ tokens (its N side), and per group of 128 k:
   overlap one's unpacking with the other's mma instead. (A through shared memory allowed overlap within a CTA
   but was slower: the tile's stores and reads cost more shared-memory bandwidth than the overlap won.)
 * Split-K where the output tiles alone leave SMs idle, summed through int4_gemv's fp64 workspace (deterministic).
+  The launch caps the registers (maxnreg) so that two CTAs fit an SM with the split's fp64 epilogue too (it
+  spills a few registers there, after the loop): at 159 registers one CTA per SM ran 256 CTAs in two waves.
   On sm_90 the launch is a programmatic dependent launch whose first weights stream before the previous kernel
   finishes.
-Measured on the H200 (bench/results/kernels-h200.md): 1.4-1.7x the Triton kernel at 320 rows, 0.5-0.75x cuBLAS
-bf16; at 40 and 64 rows as fast as the Triton kernel, 1.4x on the MLP's gate/up. ncu at 320 rows: the SMs issue
-at ~2 instructions per cycle, mostly unpacking (~5 per pair of weights), with the tensor cores half idle.
+Measured on the H200 (bench/results/kernels-h200.md): at 320 rows 1.4-1.7x the Triton kernel, 0.5-0.8x cuBLAS
+bf16; at 40 rows 1.1-1.4x the Triton kernel and faster than cuBLAS bf16. ncu at 320 rows: the SMs issue ~2
+instructions per cycle, mostly unpacking (~5 per pair of weights), the tensor cores half idle.
 Gluon has no interpreter: checked against the dequantising reference in the GPU tests, compiled for sm_90 by
 tests/aot_compile.py. sm_90+ only; other GPUs and asymmetric weights take int4_linear.
 Reference: layers.quant.dequantize_int4."""
@@ -33,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma_wait)
 
 from kernels import device as gpu
-from kernels.int4_gemv import _flush
+from kernels.int4_gemv import flush_tile
 from kernels.splitk import split_count, workspace
 from layers.quant import Int4Weight
 
@@ -190,7 +192,7 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
                                                         is_async=True)])
     async_copy.wait_group(0)
     if SPLIT:       # a constexpr: the fp64 adds' registers would otherwise count against every launch
-        _flush(acc, n_tile, g_hi - g_lo, n_groups, out_ptr + m0 * stride_om, ws_ptr + 2 * m0 * N,
+        flush_tile(acc, n_tile, g_hi - g_lo, n_groups, out_ptr + m0 * stride_om, ws_ptr + 2 * m0 * N,
                cnt_ptr + m_tile * gl.cdiv(N, BN), M - m0, N, stride_om, BN, BM, mma)
     else:
         cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
@@ -199,10 +201,10 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
                  acc.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
 
 
-# Token tile, warps (BN = 16·warps columns), ring stages, and CTAs per SM that split-K aims for. H200 sweep
-# (40, 64 and 320 rows, the 27B shapes): 64-token tiles fit 2 CTAs per SM (127 registers) and beat 128-token
-# ones (gate_up at 320 rows: 292 against 367 µs); 2 stages beat 3 and 4 at 320 rows (qkvz 135 / 147 / 142 µs)
-# and tie at 40.
+# Token tile, warps (BN = 16·warps columns), ring stages, and CTAs per SM (split-K fills them; registers are
+# capped to fit them). H200 sweep (40, 64 and 320 rows, the 27B shapes): 64-token tiles at 2 CTAs per SM beat
+# 128-token ones (gate_up at 320 rows: 292 against 367 µs); 2 stages beat 3 and 4 at 320 rows (qkvz 138 / 148 /
+# 160 µs) and tie at 40.
 LAUNCH = dict(block_m=64, warps=8, stages=2, ctas_per_sm=2)
 
 
@@ -214,25 +216,24 @@ def supports(x: torch.Tensor, w: Int4Weight) -> bool:
 
 
 def pick(m: int, n: int, k: int, device, **override) -> dict:
-    """Launch parameters for m rows: LAUNCH, and the split-K count that fills the GPU."""
+    """Launch parameters for m rows: LAUNCH (entries can be overridden), and the split-K count that fills the GPU."""
     p = dict(LAUNCH, **override)
-    ctas_per_sm = p.pop("ctas_per_sm")
     if "splits" not in p:
         tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, 16 * p["warps"])
-        p["splits"] = split_count(tiles, k // 128, ctas_per_sm, gpu.num_sms(device))
+        p["splits"] = split_count(tiles, k // 128, p["ctas_per_sm"], gpu.num_sms(device))
     return p
 
 
 def int4_wgmma(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_m: int = None, warps: int = None,
-               stages: int = None, splits: int = None) -> torch.Tensor:
+               stages: int = None, splits: int = None, ctas_per_sm: int = None) -> torch.Tensor:
     """x [..., K] (bf16/fp16) → out [..., N] (any float dtype); launch parameters default to pick()."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     out2 = out.view(-1, n)
     assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
-    given = {key: v for key, v in dict(block_m=block_m, warps=warps, stages=stages, splits=splits).items()
-             if v is not None}
+    given = {key: v for key, v in dict(block_m=block_m, warps=warps, stages=stages, splits=splits,
+                                       ctas_per_sm=ctas_per_sm).items() if v is not None}
     p = pick(m, n, k, x.device, **given)
     bm, warps, stages = p["block_m"], p["warps"], p["stages"]
     bn = 16 * warps
@@ -244,5 +245,5 @@ def int4_wgmma(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_m: int =
     _int4_wgmma_kernel[(n_tiles * p["splits"] * m_tiles,)](
         x2, w.qweight, w.scales, out2, ws, cnt, m, n // 8, k, x2.stride(0), out2.stride(0), m_tiles, p["splits"],
         mma, a_op, pairs, w_copy, s_copy, flat, x_copy, x_swizzled, bn, bm, stages, p["splits"] > 1, pdl,
-        num_warps=warps, launch_pdl=pdl)
+        num_warps=warps, launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * warps * 32))
     return out

@@ -35,7 +35,7 @@ TARGETS = {86: dict(sms=82, smem=99 * 1024), 90: dict(sms=132, smem=227 * 1024)}
 POINTER = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
            torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8", torch.bool: "*i1",
            torch.float8_e4m3fn: "*fp8e4nv"}
-OPTIONS = ("num_warps", "num_stages", "launch_pdl")
+OPTIONS = ("num_warps", "num_stages", "launch_pdl", "maxnreg")
 H, V, I = 5120, 248320, 17408                      # hidden, vocabulary, MLP width
 HQ, HKV, D = 24, 4, 256                            # gated attention
 HK, HV, DK = 16, 48, 128                           # GDN
