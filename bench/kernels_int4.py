@@ -15,7 +15,7 @@ import torch
 
 from bench.harness import best_of, row, suite_main, time_us
 from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma
-from kernels.int4_linear import Config, int4_linear, pick_config, w4a8_linear
+from kernels.int4_linear import CODES, NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from layers.quant import Int4Weight
 
 SHAPES = (("gdn_in_proj_qkvz", 16384, 5120), ("out_proj", 5120, 6144), ("attn_qkv_gate", 14336, 5120),
@@ -134,18 +134,18 @@ def _wgmma_str(p: dict) -> str:
 
 def _cfg_str(c: Config) -> str:
     return f"{c.block_m}x{c.block_n} s{c.split_k} w{c.num_warps} st{c.num_stages}" + \
-        (" N" if c.natural else " A" if c.weights_a else "")
+        {NATURAL: " N", WEIGHTS_A: " A"}.get(c.form, "")
 
 
 # Alternatives to int4_linear.M_BUCKETS for --sweep: entries override the bucket's dict in pick_config.
-GEMM_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, weights_a=wa, natural=nat, ctas_per_sm=1)
-                 for bm, bn, w, st, wa, nat in ((64, 128, 4, 3, True, False), (128, 128, 8, 3, True, False),
-                                                (128, 256, 8, 3, True, False), (128, 128, 8, 3, False, False),
-                                                (128, 128, 8, 3, False, True), (128, 128, 8, 2, False, True),
-                                                (64, 128, 4, 3, False, True))]
-A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, weights_a=wa, ctas_per_sm=1)
-               for bm, bn, w, wa in ((64, 128, 4, True), (128, 128, 8, True), (64, 256, 8, True),
-                                     (128, 128, 8, False))]
+GEMM_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, form=form, ctas_per_sm=1)
+                 for bm, bn, w, st, form in ((64, 128, 4, 3, WEIGHTS_A), (128, 128, 8, 3, WEIGHTS_A),
+                                             (128, 256, 8, 3, WEIGHTS_A), (128, 128, 8, 3, CODES),
+                                             (128, 128, 8, 3, NATURAL), (128, 128, 8, 2, NATURAL),
+                                             (64, 128, 4, 3, NATURAL))]
+A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, form=form, ctas_per_sm=1)
+               for bm, bn, w, form in ((64, 128, 4, WEIGHTS_A), (128, 128, 8, WEIGHTS_A), (64, 256, 8, WEIGHTS_A),
+                                       (128, 128, 8, CODES))]
 
 
 # Alternatives to int4_gemv.ROW_BUCKETS for --sweep

@@ -286,6 +286,12 @@ def _int4_matmul_kernel(
     store_tile(acc, out_ptr, ws_ptr, cnt_ptr, rm, rn, M, N, stride_om, pid_m * tl.num_programs(1) + pid_n, SPLIT)
 
 
+# The forms of the module docstring: exact codes as the B operand, group sums scaled in fp32 (small M); scaled
+# weights as the A operand (WEIGHTS_A); codes in k order as the B operand (NATURAL)
+CODES, WEIGHTS_A, NATURAL = "codes", "weights_a", "natural"
+FORMS = (CODES, WEIGHTS_A, NATURAL)
+
+
 @dataclass(frozen=True)
 class Config:
     block_m: int
@@ -293,8 +299,7 @@ class Config:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
-    weights_a: bool = False          # large-M form: weights as the mma's A operand (module docstring)
-    natural: bool = False            # large-M form: codes in k order as the B operand (module docstring)
+    form: str = CODES                # how the weights enter the mma (FORMS; module docstring)
 
 
 # Per M bucket (upper bound inclusive): tile sizes, and how many CTAs per SM split-K should aim for. From a first
@@ -302,9 +307,9 @@ class Config:
 # NATURAL form from a second (W4A16 at M = 320: 2.0-2.5x faster than WEIGHTS_A; still ~0.3x cuBLAS bf16). Retune
 # with `python -m bench.kernels_int4 --sweep`.
 M_BUCKETS = (
-    (16, dict(block_m=16, block_n=128, num_warps=4, num_stages=3, weights_a=False, ctas_per_sm=3)),
-    (64, dict(block_m=64, block_n=128, num_warps=4, num_stages=3, weights_a=True, ctas_per_sm=2)),
-    (None, dict(block_m=128, block_n=128, num_warps=8, num_stages=3, weights_a=True, natural=True, ctas_per_sm=1)),
+    (16, dict(block_m=16, block_n=128, num_warps=4, num_stages=3, form=CODES, ctas_per_sm=3)),
+    (64, dict(block_m=64, block_n=128, num_warps=4, num_stages=3, form=WEIGHTS_A, ctas_per_sm=2)),
+    (None, dict(block_m=128, block_n=128, num_warps=8, num_stages=3, form=NATURAL, ctas_per_sm=1)),
 )
 
 
@@ -316,14 +321,13 @@ def pick_config(m: int, n: int, k: int, device, a8: bool = False, **override) ->
     (mma.sync takes both from registers anyway), at most 64 rows and 8 warps: larger tiles spill there (checked
     with ptxas for sm_86)."""
     p = dict(next(p for bound, p in M_BUCKETS if bound is None or m <= bound), **override)
-    if a8:
-        p.update(natural=False)
+    if a8 and p["form"] == NATURAL:
+        p.update(form=WEIGHTS_A)
     if gpu.capability(device) < (9, 0) and p["block_m"] > 16:          # no wgmma
-        p.update(weights_a=False, natural=False, block_m=64, num_warps=8)
+        p.update(form=CODES, block_m=64, num_warps=8)
     tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, p["block_n"])
     split = split_count(tiles, k // GROUP, p["ctas_per_sm"], gpu.num_sms(device))
-    return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["weights_a"],
-                  p.get("natural", False))
+    return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["form"])
 
 
 def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
@@ -336,14 +340,15 @@ def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
     out2 = out.view(-1, n)
     assert out2.shape[0] == m and out2.stride(-1) == 1
     cfg = cfg or pick_config(m, n, k, x.device, a8=x_scale is not None)
+    assert cfg.form in FORMS, cfg.form
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
     ws, cnt = workspace(x.device, m * n if cfg.split_k > 1 else 1, grid[0] * grid[1])
     zs = w.zs if w.zs is not None else w.scales
     _int4_matmul_kernel[grid](
         x2, x_scale if x_scale is not None else x2, w.qweight, w.scales, zs, out2, ws, cnt,
         m, n, k, x2.stride(0), out2.stride(0),
-        A8=x_scale is not None, HAS_ZS=w.zs is not None, WEIGHTS_A=cfg.weights_a and not cfg.natural,
-        NATURAL=cfg.natural, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        A8=x_scale is not None, HAS_ZS=w.zs is not None, WEIGHTS_A=cfg.form == WEIGHTS_A,
+        NATURAL=cfg.form == NATURAL, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         SPLIT=cfg.split_k > 1, DOT_F32=gpu.INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -3,7 +3,7 @@ dequantising reference. CPU cases run in the Triton interpreter at small odd sha
 import pytest
 import torch
 
-from kernels.int4_linear import Config, int4_linear, pick_config, w4a8_linear
+from kernels.int4_linear import NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from kernels.splitk import workspace
 from layers.quant import (dequantize_int4, int4_from_gptq, pack_int4, quantize_act_int8, quantize_int4,
                           unpack_int4)
@@ -83,10 +83,10 @@ CASES = [
     (3, 40, 384, True, torch.bfloat16, torch.bfloat16, Config(16, 32, 3)),
     (8, 136, 384, False, torch.float16, torch.bfloat16, Config(16, 64, 2)),
     (17, 136, 256, True, torch.float16, torch.float16, Config(16, 64, 2)),
-    (5, 40, 256, False, torch.bfloat16, torch.float16, Config(16, 32, 1, weights_a=True)),
-    (17, 40, 384, True, torch.bfloat16, torch.bfloat16, Config(32, 64, 2, weights_a=True)),
-    (33, 40, 384, True, torch.float16, torch.bfloat16, Config(32, 64, 2, natural=True)),
-    (9, 136, 256, False, torch.bfloat16, torch.float16, Config(16, 64, 1, natural=True)),
+    (5, 40, 256, False, torch.bfloat16, torch.float16, Config(16, 32, 1, form=WEIGHTS_A)),
+    (17, 40, 384, True, torch.bfloat16, torch.bfloat16, Config(32, 64, 2, form=WEIGHTS_A)),
+    (33, 40, 384, True, torch.float16, torch.bfloat16, Config(32, 64, 2, form=NATURAL)),
+    (9, 136, 256, False, torch.bfloat16, torch.float16, Config(16, 64, 1, form=NATURAL)),
 ]
 
 
@@ -131,10 +131,10 @@ def test_split_k_leaves_workspace_zero_and_repeats_exactly():
 
 
 @pytest.mark.parametrize("m,n,k,sym,cfg", [(1, 40, 256, True, Config(16, 64, 2)), (9, 136, 384, False, Config(16, 64, 3)),
-                                           (17, 40, 128, True, Config(32, 32, 1, weights_a=True)),
-                                           (5, 136, 256, False, Config(16, 64, 2, weights_a=True)),
-                                           (33, 40, 384, True, Config(32, 32, 2, natural=True)),
-                                           (9, 136, 256, False, Config(16, 64, 1, natural=True))])
+                                           (17, 40, 128, True, Config(32, 32, 1, form=WEIGHTS_A)),
+                                           (5, 136, 256, False, Config(16, 64, 2, form=WEIGHTS_A)),
+                                           (33, 40, 384, True, Config(32, 32, 2, form=NATURAL)),
+                                           (9, 136, 256, False, Config(16, 64, 1, form=NATURAL))])
 def test_w4a8_linear(m, n, k, sym, cfg):
     gen = torch.Generator().manual_seed(7 + m)
     w = random_weight(n, k, sym, torch.float16, gen).to(DEV)
@@ -155,7 +155,7 @@ def test_pick_config_splits_evenly():
             assert (cfg.split_k - 1) * per < groups                          # no empty split
             if m <= 16:
                 assert cfg.block_m == 16
-            assert not pick_config(m, n, k, torch.device(DEV), a8=True).natural       # W4A8 keeps WEIGHTS_A
+            assert pick_config(m, n, k, torch.device(DEV), a8=True).form != NATURAL    # W4A8 keeps WEIGHTS_A
 
 
 # --- GPU, the 27B shapes -----------------------------------------------------------------------------------
