@@ -1,5 +1,6 @@
 """Int4-weight linears at the Qwen3.8-27B shapes, with their peers timed in the same run: ours (W4A16 — the Gluon
-GEMV for ≤ 16 rows, the Triton kernel beyond and beside it as `[triton]`; W4A8 from int8 activations), cuBLAS bf16
+GEMV for ≤ 16 rows, beyond it the Gluon wgmma GEMM on sm_90 (else the Triton kernel), and the Triton kernel beside
+them as `[triton]`; W4A8 from int8 activations), cuBLAS bf16
 (`x @ w.T`), torch's `_weight_int4pack_mm` (group 128), and a copy kernel moving the same bytes as the M = 1
 GEMV (`copy floor`: what a launch that only streams those bytes achieves in this harness).
 
@@ -7,8 +8,8 @@ Every timed call reads another copy of the weights (together ≥ 256 MiB, over 4
 from HBM as they do in a model step. Bytes per call: the weight codes, their scales, the activations and the
 outputs (QUANT.md §7); `vs_cublas` = cuBLAS time / this time at the same shape.
 
-`python -m bench.kernels_int4 --sweep` times alternatives to the config table in kernels/int4_linear.py
-(M_BUCKETS) and prints them fastest first, to retune it."""
+`python -m bench.kernels_int4 --sweep` times alternatives to the launch tables (int4_gemv.ROW_BUCKETS,
+int4_wgmma.LAUNCH, int4_linear.M_BUCKETS) and prints them fastest first, to retune them."""
 import itertools
 
 import torch

@@ -1,9 +1,9 @@
 """Int4-weight GEMM on Hopper's warpgroup tensor cores (wgmma) for verify and batch steps (17+ rows):
 out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the canonical int4 layout (layers/quant.py), x bf16/fp16.
 
-Why a third int4 kernel: at 40-320 rows the Triton kernel (int4_linear.py) ran at 0.33-0.44x cuBLAS bf16 on the
-H200 at 320 rows. Here, per CTA of BN = 16·warps output columns (the wgmma's M side, 64 per warpgroup) and BM
-tokens (its N side), and per group of 128 k:
+Why a third int4 kernel: on the H200 the Triton kernel (int4_linear.py) ran at 0.33-0.44x cuBLAS bf16 at 320
+rows. Here, per CTA of BN = 16·warps output columns (the wgmma's M side, 64 per warpgroup) and BM tokens (its N
+side), and per group of 128 k:
 * The group's words [16, BN], scales [BN] and activation tile [BM, 128] are copied (cp.async) into a ring of
   STAGES shared-memory stages, STAGES − 1 groups ahead; the activations in the wgmma's swizzled layout, read
   there by the tensor cores as the B operand.
@@ -193,7 +193,7 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
     async_copy.wait_group(0)
     if SPLIT:       # a constexpr: the fp64 adds' registers would otherwise count against every launch
         flush_tile(acc, n_tile, g_hi - g_lo, n_groups, out_ptr + m0 * stride_om, ws_ptr + 2 * m0 * N,
-               cnt_ptr + m_tile * gl.cdiv(N, BN), M - m0, N, stride_om, BN, BM, mma)
+                   cnt_ptr + m_tile * gl.cdiv(N, BN), M - m0, N, stride_om, BN, BM, mma)
     else:
         cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
         tok = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
@@ -203,8 +203,9 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
 
 # Token tile, warps (BN = 16·warps columns), ring stages, and CTAs per SM (split-K fills them; registers are
 # capped to fit them). H200 sweep (40, 64 and 320 rows, the 27B shapes): 64-token tiles at 2 CTAs per SM beat
-# 128-token ones (gate_up at 320 rows: 292 against 367 µs); 2 stages beat 3 and 4 at 320 rows (qkvz 138 / 148 /
-# 160 µs) and tie at 40.
+# 128-token ones at 1 (gate_up at 320 rows: 287 against 369 µs) and at 2 (capped at 128 registers they spill in
+# the loop: 302; out_proj, split, 96 against 61); 2 stages beat 3 and 4 at 320 rows (qkvz 138 / 148 / 160 µs) and
+# tie at 40.
 LAUNCH = dict(block_m=64, warps=8, stages=2, ctas_per_sm=2)
 
 
