@@ -45,7 +45,7 @@ from layers.quant import Int4Weight
 MAX_ROWS = 16
 
 
-def _log2(v: int) -> int:
+def exact_log2(v: int) -> int:
     assert v & (v - 1) == 0, v
     return v.bit_length() - 1
 
@@ -54,15 +54,15 @@ def layouts(bn: int, bt: int, warps: int):
     """(words [BN, 4 (t), 4 (b)], activations [128, BT] in k order) layouts that hand each thread what its mma
     fragments need (the words read back from a ring stage). Row r of a CTA tile: bits 0-2 lane/4, bit 3 register,
     bit 4.. warp, then registers."""
-    warp_rows = [[16 << i, 0, 0] for i in range(_log2(warps))]
-    rep_rows = [[16 * warps << i, 0, 0] for i in range(_log2(bn // (16 * warps)))]
+    warp_rows = [[16 << i, 0, 0] for i in range(exact_log2(warps))]
+    rep_rows = [[16 * warps << i, 0, 0] for i in range(exact_log2(bn // (16 * warps)))]
     words = gl.DistributedLinearLayout(                             # word 4b + t of the group, column `row`
         reg_bases=[[8, 0, 0], [0, 0, 1], [0, 0, 2]] + rep_rows,
         lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=warp_rows, block_bases=[], shape=[bn, 4, 4])
     acts = gl.DistributedLinearLayout(
         reg_bases=[[1, 0], [2, 0], [4, 0], [32, 0], [64, 0]] + ([[0, 8]] if bt == 16 else []),
-        lane_bases=[[8, 0], [16, 0], [0, 1], [0, 2], [0, 4]], warp_bases=[[0, 0]] * _log2(warps),
+        lane_bases=[[8, 0], [16, 0], [0, 1], [0, 2], [0, 4]], warp_bases=[[0, 0]] * exact_log2(warps),
         block_bases=[], shape=[128, bt])
     return words, acts
 

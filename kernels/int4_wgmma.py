@@ -35,16 +35,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma_wait)
 
 from kernels import device as gpu
-from kernels.int4_gemv import flush_tile
+from kernels.int4_gemv import exact_log2, flush_tile
 from kernels.splitk import split_count, workspace
 from layers.quant import Int4Weight
 
 MIN_ROWS = 17                   # up to 16 rows kernels/int4_gemv.py streams the weights faster
-
-
-def _log2(v: int) -> int:
-    assert v & (v - 1) == 0, v
-    return v.bit_length() - 1
 
 
 def layouts(bn: int, bm: int, warps: int):
@@ -53,11 +48,11 @@ def layouts(bn: int, bm: int, warps: int):
     are the quad's lanes, word bits the fragment's k registers, so the pairs become the operand in place."""
     mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bm, 16])
     a_op = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    reps = [[16 * warps << i, 0, 0] for i in range(_log2(bn // (16 * warps)))]
+    reps = [[16 * warps << i, 0, 0] for i in range(exact_log2(bn // (16 * warps)))]
     pairs = gl.DistributedLinearLayout(
         reg_bases=[[8, 0, 0], [0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0]] + reps,
         lane_bases=[[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[[16 << i, 0, 0] for i in range(_log2(warps))], block_bases=[], shape=[bn, 16, 4])
+        warp_bases=[[16 << i, 0, 0] for i in range(exact_log2(warps))], block_bases=[], shape=[bn, 16, 4])
     return mma, a_op, pairs
 
 

@@ -8,16 +8,13 @@ from kernels.int4_gemv import int4_gemv, supports
 from kernels.splitk import workspace
 from layers.quant import dequantize_int4, quantize_int4
 from tests.fixtures import rel_err
+from tests.int4_cases import SHAPES_27B, check_graph_replay, int4_case
 
 pytestmark = pytest.mark.gpu
-SHAPES_27B = [(16384, 5120), (5120, 6144), (14336, 5120), (34816, 5120), (5120, 17408)]   # N × K
 
 
 def case(m, n, k, xdt, sdt, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    w = torch.randn(n, k, device="cuda", generator=gen) * (1 + torch.rand(n, 1, device="cuda", generator=gen))
-    w = quantize_int4(w, scale_dtype=sdt)
-    x = torch.randn(m, k, device="cuda", generator=gen).to(xdt)
+    x, w = int4_case(m, n, k, xdt, sdt, seed)
     return x, w, x.float() @ dequantize_int4(w).T
 
 
@@ -72,13 +69,4 @@ def test_int4_gemv_strided_rows_and_graph_replay():
     x = torch.randn(4, 6144 + 128, device="cuda").bfloat16()[:, 64:64 + 6144]    # row stride 6272
     w = quantize_int4(torch.randn(5120, 6144, device="cuda"))
     out = torch.empty(4, 5120, dtype=torch.bfloat16, device="cuda")
-    int4_gemv(x, w, out)                                                   # warm-up: compiles, sizes the workspace
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        int4_gemv(x, w, out)
-    for _ in range(2):
-        x.copy_(torch.randn_like(x))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert rel_err(out, x.float() @ dequantize_int4(w).T) < 6e-3
+    check_graph_replay(lambda: int4_gemv(x, w, out), x, out, lambda x: x.float() @ dequantize_int4(w).T)

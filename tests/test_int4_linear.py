@@ -8,11 +8,11 @@ from kernels.splitk import workspace
 from layers.quant import (dequantize_int4, int4_from_gptq, pack_int4, quantize_act_int8, quantize_int4,
                           unpack_int4)
 from tests.fixtures import rel_err
+from tests.int4_cases import SHAPES_27B
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # the interpreter's runtime-bounded loops trip a numpy deprecation (ENGINE.md §7): not ours
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-SHAPES_27B = [(16384, 5120), (5120, 6144), (14336, 5120), (34816, 5120), (5120, 17408)]   # N × K
 
 
 def random_weight(n, k, sym, scale_dtype, gen):

@@ -8,18 +8,10 @@ from kernels.int4_wgmma import MIN_ROWS, int4_wgmma, pick, supports
 from kernels.splitk import workspace
 from layers.quant import Int4Weight, dequantize_int4, quantize_int4
 from tests.fixtures import rel_err
+from tests.int4_cases import SHAPES_27B, check_graph_replay, int4_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available()
                                                   or torch.cuda.get_device_capability() < (9, 0), reason="sm_90")]
-SHAPES_27B = [(16384, 5120), (5120, 6144), (14336, 5120), (34816, 5120), (5120, 17408)]   # N × K
-
-
-def case(m, n, k, xdt, sdt, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    w = torch.randn(n, k, device="cuda", generator=gen) * (1 + torch.rand(n, 1, device="cuda", generator=gen))
-    w = quantize_int4(w, scale_dtype=sdt)
-    x = torch.randn(m, k, device="cuda", generator=gen).to(xdt)
-    return x, w
 
 
 def rounded_ref(x, w):
@@ -29,7 +21,7 @@ def rounded_ref(x, w):
 
 
 # M: one ragged token tile, several, tails of 1; N: odd multiples of 8 (ragged column tile); K: odd numbers of
-# groups (splits that end unevenly, one group each); both tiles, 3-5 ring stages, split and not
+# groups (splits that end unevenly, one group each); both tiles, 2-5 ring stages, split and not
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg", [
     (17, 136, 384, torch.bfloat16, torch.float16, dict(block_m=64, stages=2, splits=1)),
     (40, 200, 640, torch.float16, torch.float16, dict(block_m=64, stages=4, splits=2)),
@@ -40,7 +32,7 @@ def rounded_ref(x, w):
     (257, 392, 640, torch.bfloat16, torch.float16, dict(block_m=128, stages=4, splits=5)),
 ])
 def test_int4_wgmma(m, n, k, xdt, sdt, cfg):
-    x, w = case(m, n, k, xdt, sdt, m * 1000 + n + k)
+    x, w = int4_case(m, n, k, xdt, sdt, m * 1000 + n + k)
     out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")      # poisoned
     int4_wgmma(x, w, out, **cfg)
     assert not out.isnan().any()
@@ -53,7 +45,7 @@ def test_int4_wgmma(m, n, k, xdt, sdt, cfg):
 @pytest.mark.parametrize("n,k", SHAPES_27B)
 @pytest.mark.parametrize("m", [40, 64, 320])
 def test_int4_wgmma_27b_shapes(m, n, k):
-    x, w = case(m, n, k, torch.bfloat16, torch.float16, m + n)
+    x, w = int4_case(m, n, k, torch.bfloat16, torch.float16, m + n)
     assert supports(x, w) and m >= MIN_ROWS
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     int4_wgmma(x, w, out)
@@ -65,13 +57,4 @@ def test_int4_wgmma_graph_replay():
     w = quantize_int4(torch.randn(5120, 6144, device="cuda"))
     out = torch.empty(40, 5120, dtype=torch.bfloat16, device="cuda")
     assert pick(40, 5120, 6144, x.device)["splits"] > 1
-    int4_wgmma(x, w, out)                                                  # warm-up: compiles, sizes the workspace
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        int4_wgmma(x, w, out)
-    for _ in range(2):
-        x.copy_(torch.randn_like(x))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert rel_err(out, rounded_ref(x, w)) < 6e-3
+    check_graph_replay(lambda: int4_wgmma(x, w, out), x, out, lambda x: rounded_ref(x, w))
