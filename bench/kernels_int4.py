@@ -34,7 +34,7 @@ def rotation(make, nbytes):
 
 
 def random_int4(n, k, device="cuda"):
-    words = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, device=device)
+    words = torch.randint(-2**31, 2**31 - 1, (k // 128, n, 16), dtype=torch.int32, device=device)
     return Int4Weight(words, (torch.rand(k // 128, n, device=device) * 0.01).half())
 
 
@@ -167,10 +167,10 @@ def sweep(peak_Bps: float) -> list:
                         lambda c, us: row("int4_wgmma", f"{name} {n}x{k} M={m}", us, int4_bytes(m, n, k),
                                           2 * m * n * k, peak_Bps, config=_wgmma_str(c)), show=3)
     for (name, n, k), m in itertools.product(SHAPES, (1, 5, 16)):
-        configs = [(gemv.pick(m, n, k, torch.device("cuda"), **v), v["ctas_per_sm"]) for v in GEMV_VARIANTS]
-        rows += best_of(configs, lambda c: time_ours(m, n, k, gemv_params=c[0]),
+        configs = [gemv.pick(m, n, k, torch.device("cuda"), **v) for v in GEMV_VARIANTS]
+        rows += best_of(configs, lambda c: time_ours(m, n, k, gemv_params=c),
                         lambda c, us: row("int4_gemv", f"{name} {n}x{k} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k,
-                                          peak_Bps, config=_gemv_str(c[0]) + f" c{c[1]}"), show=4)
+                                          peak_Bps, config=_gemv_str(c)), show=4)
     cases = [([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, GEMM_VARIANTS, False),
              ([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, A8_VARIANTS, True)]
     for shapes, ms, variants, a8 in cases:

@@ -1,32 +1,33 @@
 """Int4-weight GEMV for decode and verify (M ≤ 16 rows) on tensor cores: out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the
-canonical int4 layout (layers/quant.py).
+mma layout (layers/quant.py).
 
 Why a second int4 kernel: at M ≤ 16 the step is a pure weight stream, and the Triton kernel (int4_linear.py)
 stages every tile through shared memory with ldmatrix-style reads, the padded activation tile read once per warp
 and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran at ~30%. Here:
 * The weights are the mma's A operand (rows = output columns, m16n8k16) and the activations its B operand
-  (columns = tokens, n8 or n16), so M ≤ 8 wastes no mma width. A group's words [BN columns, 16 word rows] are
-  copied as they lie in the canonical layout (cp.async, 16 bytes per copy) into a ring of shared-memory stages,
-  and each thread reads back exactly the words its A fragment needs (8-column units XOR-swizzled by word row, so
-  a warp's read hits 32 banks); the layout on disk stays the one shared with the GEMM path.
-* Word (8r + j codes) → bf16/fp16 pairs with t = (word >> 4j) & 0x000F000F | MAGIC (codes j and j+4 as 128 + q or
-  1024 + q); the mma's k order inside a 32-wide chunk is therefore permuted (slot 16·jhi + 8·jlo + 2·t + e holds
-  k = 8·t + 4·e + 2·jhi + jlo for lane-in-quad t and j = 2·jhi + jlo), and the activations are loaded in that
-  same order: each thread's 8 values are 8 consecutive k (one 16-byte load), permuted in registers.
+  (columns = tokens, n8 or n16), so M ≤ 8 wastes no mma width. A group's words (BN columns · 64 contiguous
+  bytes) and activations [BT, 128] are copied as they lie (cp.async, 16 bytes per copy) into a ring of
+  shared-memory stages; each thread reads back exactly the words its A fragment needs, 16 bytes at once (the mma
+  layout is that fragment's order; the GEMM paths read the same weights), and ldmatrix reads the activations
+  as the B fragment (k in natural order, so no permutation anywhere).
+* Word → bf16/fp16 pairs with t = (word >> 4p) & 0x000F000F | MAGIC (codes p and p+4 as 128 + q or 1024 + q: the
+  fragment's k pair 2t, 2t+1 of the chunk's 8-wide slice p).
 * Exact codes in the mma (offset by 128, the offset removed through a ones-operand mma of x: one subtract per
   pair of weights less), the group's partial sum scaled once per group in fp32 (like int4_linear's GEMV form).
-* The next groups' words are in flight in the ring (no registers hold them: 8 CTAs of 2 warps fit an SM's
-  registers; with the words prefetched into registers the kernel measured 0.60 instead of 0.63 of the copy
-  bandwidth at M = 1); activations and scales are loaded one group ahead into registers. On sm_90 the launch
-  is a programmatic dependent launch: the first groups' weights stream while the previous kernel finishes.
+* The next groups' words and activations are in flight in the ring (no registers hold them: 8 CTAs of 2 warps
+  fit an SM's registers; with the words prefetched into registers the kernel measured 0.60 instead of 0.63 of the
+  copy bandwidth at M = 1); the scales are loaded one group ahead into registers. On sm_90 the launch is a
+  programmatic dependent launch: the first groups' weights stream while the previous kernel finishes.
 * Stream-K: the (column tile, K group) work units are cut into one equal range per resident CTA, so every SM
   streams the same bytes (with one split-K count per shape, CTA counts that are no multiple of the SMs left
   up to 21% of the SMs idle at the end; ncu, 34816x5120). A tile shared by programs is summed in an fp64
   workspace (order-independent: deterministic, and a token's output does not depend on the launch's other tokens).
-Measured on the H200 (bench/results/kernels-h200.md): 0.45-0.78 of the copy bandwidth at M = 1, 0.38-0.71 at
-M = 5 (the small shapes pay the launch's fixed latency: their copy floor is 0.71-0.89). Tried and not kept: 3-4
-ring stages (fewer CTAs fit the shared memory: slower), 64-column tiles, activations in the ring too, fewer
-registers (maxnreg) for 9-10 CTAs per SM (no faster), two register buffers, L2 prefetch instructions.
+Measured on the H200 (bench/results/kernels-h200.md; the small shapes pay the launch's fixed latency: their copy
+floor is 0.72-0.90). Against the GPTQ layout (words copied as 16 rows of the group, read back 4 bytes at a time
+through a swizzle, activations permuted in registers): 3-10% faster at M = 1-8, equal at 9-16. Tried and not kept:
+3-4 ring stages (fewer CTAs fit the shared memory: slower), 64-column tiles, fewer registers (maxnreg) for 9-10
+CTAs per SM (no faster), two register buffers, L2 prefetch instructions; activations as k pairs from global
+memory (16 4-byte loads per thread and group instead of 4 ldmatrix per warp: 137 registers, and slower at 9-16).
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
@@ -50,33 +51,30 @@ def exact_log2(v: int) -> int:
     return v.bit_length() - 1
 
 
-def layouts(bn: int, bt: int, warps: int):
-    """(words [BN, 4 (t), 4 (b)], activations [128, BT] in k order) layouts that hand each thread what its mma
-    fragments need (the words read back from a ring stage). Row r of a CTA tile: bits 0-2 lane/4, bit 3 register,
-    bit 4.. warp, then registers."""
+def layouts(bn: int, warps: int):
+    """The words [BN, 4 (t), 4 (w)] layout that hands each thread what its A fragments need, read back from a ring
+    stage: lane 4l + t reads words 4t … 4t+3 of its rows, 16 bytes. Row r of a CTA tile: bits 0-2 lane/4, bit 3
+    register, bit 4.. warp, then registers."""
     warp_rows = [[16 << i, 0, 0] for i in range(exact_log2(warps))]
     rep_rows = [[16 * warps << i, 0, 0] for i in range(exact_log2(bn // (16 * warps)))]
-    words = gl.DistributedLinearLayout(                             # word 4b + t of the group, column `row`
+    return gl.DistributedLinearLayout(                              # word 4t + w of the block, column `row`
         reg_bases=[[8, 0, 0], [0, 0, 1], [0, 0, 2]] + rep_rows,
         lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=warp_rows, block_bases=[], shape=[bn, 4, 4])
-    acts = gl.DistributedLinearLayout(
-        reg_bases=[[1, 0], [2, 0], [4, 0], [32, 0], [64, 0]] + ([[0, 8]] if bt == 16 else []),
-        lane_bases=[[8, 0], [16, 0], [0, 1], [0, 2], [0, 4]], warp_bases=[[0, 0]] * exact_log2(warps),
-        block_bases=[], shape=[128, bt])
-    return words, acts
 
 
-def ring_layouts(bn: int, warps: int, stages: int):
-    """(copy [BN, 4, 4]: each thread copies 4 consecutive columns, 16 bytes; ring [STAGES, BN, 4, 4] in shared
-    memory: columns fastest, then word t, then b, then stage, 8-column units XOR-swizzled by t, so that the mma
-    fragment's reads — 8 consecutive columns of 4 word rows t per warp — fall on 32 different banks)."""
-    lanes_r = min(32, bn // 4)
-    copy = gl.BlockedLayout(size_per_thread=[4, 1, 1], threads_per_warp=[lanes_r, 32 // lanes_r, 1],
-                            warps_per_cta=[1, warps, 1] if warps <= 4 // (32 // lanes_r) else [1, 1, warps],
-                            order=[0, 1, 2])
-    ring = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=4, order=[0, 1, 2])    # of one stage
-    return copy, ring
+def ring_layouts(warps: int):
+    """(words copy [BN, 4, 4]: each thread copies a column's words 4t … 4t+3, 16 bytes; their ring [STAGES, BN, 4, 4]
+    as in global memory, unswizzled: a warp's fragment reads — words 4t … 4t+3 of 8 consecutive columns — are 512
+    consecutive bytes; activations copy [BT, 128], 16 bytes per thread; their ring [STAGES, BT, 128], 16-byte units
+    XOR-swizzled by token, so that ldmatrix's reads — 16 bytes at one k from each of 8 tokens — hit 32 banks)."""
+    copy = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[8, 4, 1], warps_per_cta=[warps, 1, 1],
+                            order=[2, 1, 0])
+    ring = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])    # of one stage
+    x_copy = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[warps, 1],
+                              order=[1, 0])
+    x_ring = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    return copy, ring, x_copy, x_ring
 
 
 @gluon.jit
@@ -94,30 +92,16 @@ def _pair(w, j: gl.constexpr, DT: gl.constexpr):
 
 @gluon.jit
 def _chunk_weights(q, b: gl.constexpr, BN: gl.constexpr, DT: gl.constexpr, a_op: gl.constexpr):
-    """Words of one group [BN, 4 (t), 4 (b)] → chunk b as the A operand [BN, 32] in DT (offset codes)."""
+    """Words of one group [BN, 4 (t), 4 (w)] → chunk b (word w = b: k = 32b … 32b + 31) as the A operand [BN, 32]
+    in DT (offset codes)."""
     w = gl.reshape(q, [BN, 4, 2, 2])                                # [row, t, b1, b0]
     lo, hi = gl.split(w)
     w = hi if b % 2 == 1 else lo
     lo, hi = gl.split(w)
     w = hi if b // 2 == 1 else lo                                   # [row, t]
     u = gl.join(gl.join(_pair(w, 0, DT), _pair(w, 1, DT)), gl.join(_pair(w, 2, DT), _pair(w, 3, DT)))
-    u = gl.reshape(gl.permute(u, [0, 4, 3, 1, 2]), [BN, 32])       # [row, t, e, jlo, jhi] → slot 16jhi+8jlo+2t+e
+    u = gl.reshape(gl.permute(u, [0, 4, 3, 1, 2]), [BN, 32])       # [row, t, e, p0, p1] → k 16p1 + 8p0 + 2t + e
     return gl.convert_layout(u, a_op, assert_trivial=True)
-
-
-@gluon.jit
-def _chunk_acts(x, b: gl.constexpr, BT: gl.constexpr, b_op: gl.constexpr):
-    """Activations of one group [128, BT] in k order → chunk b as the B operand [32, BT] in slot order."""
-    x = gl.reshape(x, [4, 32, BT])                                  # [b, k % 32, tok]
-    x = gl.permute(x, [1, 2, 0])
-    x = gl.reshape(x, [32, BT, 2, 2])                               # [k % 32, tok, b1, b0]
-    lo, hi = gl.split(x)
-    x = hi if b % 2 == 1 else lo
-    lo, hi = gl.split(x)
-    x = hi if b // 2 == 1 else lo                                   # [k % 32, tok], k % 32 = 8t + 4e + 2jhi + jlo
-    x = gl.reshape(x, [4, 2, 2, 2, BT])                             # [t, e, jhi, jlo, tok]
-    x = gl.reshape(gl.permute(x, [2, 3, 0, 1, 4]), [32, BT])       # slot 16·jhi + 8·jlo + 2·t + e
-    return gl.convert_layout(x, b_op, assert_trivial=True)
 
 
 @gluon.jit
@@ -142,37 +126,40 @@ def _unit(u, n_groups, BN: gl.constexpr):
 
 
 @gluon.jit
-def _copy_words(stage, c_ptrs, cr, ct, cb, u, n_groups, N, BN: gl.constexpr, EVEN_N: gl.constexpr):
-    """Unit u's words [BN, 4, 4] into a ring stage (cp.async, 16 bytes per thread and copy), one commit group."""
+def _copy_unit(w_stage, x_stage, c_ptrs, cr, ct, cb, x_ptrs, x_ok, u, n_groups, N, BN: gl.constexpr,
+               EVEN_N: gl.constexpr, WORDS: gl.constexpr, ACTS: gl.constexpr):
+    """Unit u's words [BN, 4, 4] (BN·64 contiguous bytes; WORDS) and/or activations [BT, 128] (ACTS) into a ring
+    stage (cp.async, 16 bytes per thread and copy)."""
     n0, g = _unit(u, n_groups, BN)
-    if EVEN_N:
-        async_copy.async_copy_global_to_shared(stage, c_ptrs + g * 16 * N + n0)
-    else:
-        async_copy.async_copy_global_to_shared(stage, c_ptrs + g * 16 * N + n0,
-                                               mask=(n0 + cr < N) & (ct < 4) & (cb < 4))
-    async_copy.commit_group()
+    if WORDS:
+        if EVEN_N:
+            async_copy.async_copy_global_to_shared(w_stage, c_ptrs + (g * N + n0) * 16)
+        else:
+            async_copy.async_copy_global_to_shared(w_stage, c_ptrs + (g * N + n0) * 16,
+                                                   mask=(n0 + cr < N) & (ct < 4) & (cb < 4))
+    if ACTS:
+        async_copy.async_copy_global_to_shared(x_stage, x_ptrs + g * 128, mask=x_ok)
 
 
 @gluon.jit
-def _load_xs(x_ptrs, s_ptrs, x_ok, sr, u, n_groups, N, BN: gl.constexpr, EVEN_N: gl.constexpr):
-    """Unit u's activations [128, BT] and scales [BN]."""
+def _load_scales(s_ptrs, sr, u, n_groups, N, BN: gl.constexpr, EVEN_N: gl.constexpr):
+    """Unit u's scales [BN]."""
     n0, g = _unit(u, n_groups, BN)
     if EVEN_N:
-        s = gl.load(s_ptrs + g * N + n0)
+        return gl.load(s_ptrs + g * N + n0)
     else:
-        s = gl.load(s_ptrs + g * N + n0, mask=n0 + sr < N, other=0)
-    return gl.load(x_ptrs + g * 128, mask=x_ok, other=0.0), s
+        return gl.load(s_ptrs + g * N + n0, mask=n0 + sr < N, other=0)
 
 
 @gluon.jit
-def _group_product(q, xg, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: gl.constexpr, BASE: gl.constexpr,
+def _group_product(q, x_stage, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: gl.constexpr, BASE: gl.constexpr,
                    mma: gl.constexpr, a_op: gl.constexpr, b_op: gl.constexpr):
     """acc [BN, BT] += one group, scaled per row in fp32: Σ (code − 8)·x = Σ (BASE + code − 8)·x − BASE·Σx, the
     codes entering the mma as BASE + q and Σx coming from a ones operand (a subtract per pair of weights saved)."""
     part = gl.zeros([BN, BT], gl.float32, mma)
     xsum = gl.zeros([BN, BT], gl.float32, mma)
     for b in gl.static_range(4):
-        xb = _chunk_acts(xg, b, BT, b_op)
+        xb = x_stage.slice(32 * b, 32, dim=1).permute((1, 0)).load(b_op)        # [32, BT]: ldmatrix
         part = mma_v2(_chunk_weights(q, b, BN, DT, a_op), xb, part)
         xsum = mma_v2(gl.full([BN, 32], 1.0, DT, a_op), xb, xsum)
     return acc + (part - BASE * xsum) * gl.expand_dims(s.to(gl.float32), 1)
@@ -207,10 +194,10 @@ def flush_tile(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stri
 
 @gluon.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_om,
-                      w_layout: gl.constexpr, x_layout: gl.constexpr, c_layout: gl.constexpr,
-                      ring_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, W: gl.constexpr,
+                      w_layout: gl.constexpr, c_layout: gl.constexpr, ring_layout: gl.constexpr,
+                      x_copy: gl.constexpr, x_ring_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, W: gl.constexpr,
                       STAGES: gl.constexpr, EVEN_N: gl.constexpr, PDL: gl.constexpr):
-    # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/8, N], s [K/128, N], out [M, N] (any float dtype);
+    # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/128, N, 16], s [K/128, N], out [M, N] (any float dtype);
     # ws fp32 [2·M·N] (used as fp64 [M, N]) and cnt int32 [tiles] zeroed (kernels/splitk.py). Grid (P,): the
     # tiles · K/128 work units (tile, group), tile-major, are cut into P equal contiguous ranges, one per program
     # ("stream-K"): every SM streams the same number of groups; a tile split between programs is summed through
@@ -229,39 +216,47 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     cr = _arange3(BN, 0, c_layout)
     ct = _arange3(4, 1, c_layout)
     cb = _arange3(4, 2, c_layout)
-    c_ptrs = qw_ptr + (4 * cb + ct) * N + cr
-    xk = gl.arange(0, 128, layout=gl.SliceLayout(1, x_layout))
-    xt = gl.arange(0, BT, layout=gl.SliceLayout(0, x_layout))
-    x_ok = gl.expand_dims(xk < 128, 1) & gl.expand_dims(xt < M, 0)
-    x_ptrs = x_ptr + gl.expand_dims(xt, 0).to(gl.int64) * stride_xm + gl.expand_dims(xk, 1)
+    c_ptrs = qw_ptr + cr * 16 + 4 * ct + cb
+    xt = gl.arange(0, BT, layout=gl.SliceLayout(1, x_copy))
+    xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_copy))
+    x_ok = gl.expand_dims(xt < M, 1) & gl.expand_dims(xk < 128, 0)
+    x_ptrs = x_ptr + gl.expand_dims(xt, 1).to(gl.int64) * stride_xm + gl.expand_dims(xk, 0)
     sr = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     s_ptrs = s_ptr + sr
 
-    # The words stream through a ring of STAGES groups in shared memory (cp.async: no registers hold bytes in
-    # flight, so STAGES - 1 groups per CTA are); activations and scales, small, one group ahead in registers.
+    # The words and activations stream through a ring of STAGES groups in shared memory (cp.async: no registers
+    # hold bytes in flight, so STAGES - 1 groups per CTA are); the scales, small, one group ahead in registers.
     # The prefetch past the range's end reloads its last unit (no predicates).
     ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 4, 4], ring_layout)
+    x_ring = gl.allocate_shared_memory(DT, [STAGES, BT, 128], x_ring_layout)
     if PDL:
         # Programmatic dependent launch (sm_90): let the next kernel's CTAs start as ours retire; the weights
         # (constants) stream while the previous kernel finishes, which may write x: wait before reading it.
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
     for j in gl.static_range(STAGES - 1):
-        _copy_words(ring.index(j), c_ptrs, cr, ct, cb, gl.minimum(u_lo + j, u_hi - 1), n_groups, N, BN, EVEN_N)
+        _copy_unit(ring.index(j), x_ring.index(j), c_ptrs, cr, ct, cb, x_ptrs, x_ok, gl.minimum(u_lo + j, u_hi - 1),
+                   n_groups, N, BN, EVEN_N, True, False)
     if PDL:
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    nxt = _load_xs(x_ptrs, s_ptrs, x_ok, sr, u_lo, n_groups, N, BN, EVEN_N)
+    for j in gl.static_range(STAGES - 1):
+        _copy_unit(ring.index(j), x_ring.index(j), c_ptrs, cr, ct, cb, x_ptrs, x_ok, gl.minimum(u_lo + j, u_hi - 1),
+                   n_groups, N, BN, EVEN_N, False, True)
+        async_copy.commit_group()
+    s_next = _load_scales(s_ptrs, sr, u_lo, n_groups, N, BN, EVEN_N)
     acc = gl.zeros([BN, BT], gl.float32, mma)
     for u in range(u_lo, u_hi):
         i = u - u_lo
         async_copy.wait_group(STAGES - 2)          # this thread's copies of unit u have landed
         gl.thread_barrier()                         # everyone's have; everyone has read unit u - 1's stage
-        _copy_words(ring.index((i + STAGES - 1) % STAGES), c_ptrs, cr, ct, cb,
-                    gl.minimum(u + STAGES - 1, u_hi - 1), n_groups, N, BN, EVEN_N)
+        nxt = (i + STAGES - 1) % STAGES
+        _copy_unit(ring.index(nxt), x_ring.index(nxt), c_ptrs, cr, ct, cb, x_ptrs, x_ok,
+                   gl.minimum(u + STAGES - 1, u_hi - 1), n_groups, N, BN, EVEN_N, True, True)
+        async_copy.commit_group()
         q = ring.index(i % STAGES).load(w_layout)
-        xg, s = nxt
-        nxt = _load_xs(x_ptrs, s_ptrs, x_ok, sr, gl.minimum(u + 1, u_hi - 1), n_groups, N, BN, EVEN_N)
-        acc = _group_product(q, xg, s, acc, BN, BT, DT, BASE, mma, a_op, b_op)
+        s = s_next
+        s_next = _load_scales(s_ptrs, sr, gl.minimum(u + 1, u_hi - 1), n_groups, N, BN, EVEN_N)
+        acc = _group_product(q, x_ring.index(i % STAGES), s, acc, BN, BT, DT, BASE, mma, a_op, b_op)
         if (u + 1 == u_hi) | ((u + 1) % n_groups == 0):            # the tile's last group, or the range's
             tile = u // n_groups
             flush_tile(acc, tile, u + 1 - gl.maximum(u_lo, tile * n_groups), n_groups, out_ptr, ws_ptr, cnt_ptr,
@@ -271,9 +266,10 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 
 
 # Per row bucket (upper bound inclusive): columns per CTA, warps per CTA, ring stages, and CTAs per SM in the grid:
-# as many as stay resident at once (64K registers per SM: 2-warp CTAs of ~128 registers per thread (8 tokens) fit
-# 8 times, of ~160 (16 tokens) 6 times; a program waiting for a second wave doubles the time; shared memory caps
-# it further on smaller parts). H200 sweep at the 27B shapes (bench/kernels_int4.py --sweep): 8 CTAs of 2 stages
+# as many as stay resident at once (64K registers per SM: 2-warp CTAs of ≤ 128 registers per thread (8 tokens) fit
+# 8 times, of ≤ 170 (16 tokens) 6 times, and the launch caps the registers there (maxnreg): at 137 registers 7 CTAs
+# fit, the eighth waited for a second wave and M = 2-8 ran 20-40% slower; shared memory caps it further on
+# smaller parts). H200 sweep at the 27B shapes (bench/kernels_int4.py --sweep): 8 CTAs of 2 stages
 # beat 6-7 of 3-4 stages (0.63 / 0.58 of the copy bandwidth at M = 1), and 128 columns beat 64 (0.56 / 0.44 at 8).
 ROW_BUCKETS = ((8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8)),
                (16, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6)))
@@ -287,34 +283,35 @@ def supports(x: torch.Tensor, w: Int4Weight) -> bool:
 
 
 def pick(m: int, n: int, k: int, device, **override) -> dict:
-    """Launch parameters for m rows: the bucket's tile, and one program per resident CTA (at most one per work
-    unit)."""
+    """Launch parameters for m rows: the bucket's tile, the CTAs per SM that fit, and one program per resident CTA
+    (at most one per work unit)."""
     p = dict(next(p for bound, p in ROW_BUCKETS if m <= bound), **override)
-    ring_bytes = p["stages"] * p["block_n"] * 16 * 4 + 1024          # + the 1 KiB the GPU reserves per CTA
-    c = min(p.pop("ctas_per_sm"), gpu.smem_per_sm(device) // ring_bytes)
-    p.setdefault("programs", min(triton.cdiv(n, p["block_n"]) * (k // 128), c * gpu.num_sms(device)))
+    bt = 8 if m <= 8 else 16
+    ring_bytes = p["stages"] * (p["block_n"] * 64 + bt * 256) + 1024   # + the 1 KiB the GPU reserves per CTA
+    p["ctas_per_sm"] = min(p["ctas_per_sm"], gpu.smem_per_sm(device) // ring_bytes)
+    p.setdefault("programs", min(triton.cdiv(n, p["block_n"]) * (k // 128), p["ctas_per_sm"] * gpu.num_sms(device)))
     return p
 
 
 def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = None, warps: int = None,
-              programs: int = None, stages: int = None) -> torch.Tensor:
+              programs: int = None, stages: int = None, ctas_per_sm: int = None) -> torch.Tensor:
     """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype); launch parameters default to pick()."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     out2 = out.view(-1, n)
     assert m <= MAX_ROWS and x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
-    given = {key: v for key, v in dict(block_n=block_n, warps=warps, programs=programs, stages=stages).items()
-             if v is not None}
+    given = {key: v for key, v in dict(block_n=block_n, warps=warps, programs=programs, stages=stages,
+                                       ctas_per_sm=ctas_per_sm).items() if v is not None}
     p = pick(m, n, k, x.device, **given)
     pdl = gpu.pdl(x.device)
     bt = 8 if m <= 8 else 16
     ws, cnt = workspace(x.device, 2 * m * n, triton.cdiv(n, p["block_n"]))      # fp64 [M, N]
-    w_layout, x_layout = layouts(p["block_n"], bt, p["warps"])
-    c_layout, ring_layout = ring_layouts(p["block_n"], p["warps"], p["stages"])
+    w_layout = layouts(p["block_n"], p["warps"])
+    c_layout, ring_layout, x_copy, x_ring_layout = ring_layouts(p["warps"])
     _int4_gemv_kernel[(p["programs"],)](
         x2, w.qweight, w.scales, out2, ws, cnt, m, n, k, x2.stride(0), out2.stride(0),
-        w_layout, x_layout, c_layout, ring_layout, p["block_n"], bt, p["warps"], p["stages"], n % p["block_n"] == 0,
-        pdl,
-        num_warps=p["warps"], launch_pdl=pdl)
+        w_layout, c_layout, ring_layout, x_copy, x_ring_layout, p["block_n"], bt, p["warps"], p["stages"],
+        n % p["block_n"] == 0, pdl,
+        num_warps=p["warps"], launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * p["warps"] * 32))
     return out

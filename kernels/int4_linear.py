@@ -1,14 +1,14 @@
-"""Int4-weight linears: out[M, N] = x[M, K] @ W[N, K]ᵀ with W in the canonical int4 layout (layers/quant.py).
+"""Int4-weight linears: out[M, N] = x[M, K] @ W[N, K]ᵀ with W in the mma int4 layout (layers/quant.py).
 
   int4_linear(x, w)          W4A16: x bf16/fp16, fp32 accumulation, output in x's dtype (or a given buffer)
   w4a8_linear(x_q, s_a, w)   W4A8: x_q int8 [M, K] with per-token scales s_a [M] (layers/quant.quantize_act_int8)
 
-Shapes (kernel): x [M, K] (row stride stride_xm, unit column stride), qweight int32 [K/8, N], scales/zs
+Shapes (kernel): x [M, K] (row stride stride_xm, unit column stride), qweight int32 [K/128, N, 16], scales/zs
 [K/128, N], out [M, N] (row stride stride_om); K a multiple of 128 (= the group), N a multiple of 8. Fused
 projections (gate+up, q/k/v(+gate), GDN qkv+z) are one call on the weights concatenated along N by the loader.
 Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_int4(w).T).
 On a GPU (sm_80+), int4_linear hands calls of ≤ 16 rows with symmetric weights to kernels/int4_gemv.py, which
-streams the weights in the mma's register layout (~2x faster there), and on sm_90 larger ones to
+streams the weights straight into the mma's registers (~2x faster there), and on sm_90 larger ones to
 kernels/int4_wgmma.py (weights as the wgmma's register operand, 1.1-1.7x this kernel at 40-320 rows); this kernel
 covers the rest (W4A8, asymmetric weights, sm_8x), and every row count in the CPU interpreter (Gluon has none).
 Passing a Config forces it.
@@ -21,8 +21,10 @@ Design, and why:
   128 + q (codes j and j+4 of the word), so one shift and two logic ops give two weights; subtracting 136 (or 128
   with zero points) is exact. fp16 activations use 0x6400 (1024 + q). Int8 (W4A8): t = (word >> 4j) & 0x0F0F0F0F
   is four int8 codes j, j+2, j+4, j+6, made signed (q − 8) by one add and one xor per four codes.
-* Each register pair/quad becomes one k-pair/quad of the mma operand, so the dot's K order is permuted within a
-  group (see _codes_16/_codes_i8) and the activation tile is split into the same order in registers.
+* The weights unpack in the layout's slot order (slot 8i + j = nibble j of word i; layers/quant.py), so the
+  activations are gathered into that order before the launch (one small copy: permuting each tile in registers
+  made the kernel 1.1-2.4x slower on the H200), and each register pair/quad becomes one pair/quad of the mma
+  operand (see _codes_16/_codes_i8), the tile split into the same order in registers.
 * Small M (GEMV form): the mma sees exact codes, and the group's fp32 partial sums are scaled once per group.
   Large M (WEIGHTS_A form, Hopper wgmma): the weights are the mma's A operand, which wgmma reads from registers
   (as B they would go through shared memory with a barrier per dot); W4A16 there scales the weights before the
@@ -35,6 +37,7 @@ Design, and why:
   activations (they feed a dot) but not the scales.
 * Split-K over groups, reduced in one launch by kernels/splitk.store_tile (graph-safe, no memset).
 """
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +46,7 @@ import triton.language as tl
 
 from kernels import device as gpu
 from kernels.splitk import split_count, store_tile, workspace
-from layers.quant import Int4Weight
+from layers.quant import MMA_K, Int4Weight
 
 try:                            # Gluon is experimental in Triton: without it, this kernel serves every call
     from kernels.int4_gemv import int4_gemv, supports as gemv_supports
@@ -69,7 +72,7 @@ def _as_dot_operand(t, DOT_F32: tl.constexpr):
 
 @triton.jit
 def _codes_16(q, jj: tl.constexpr, OFFSET: tl.constexpr, DT: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
-    """q int32 [16, BN] → [32, BN] in DT (bf16/fp16): code − OFFSET for k = 8r + jj + 4e at row 2r + e."""
+    """q int32 [16, BN] → [32, BN] in DT (bf16/fp16): code − OFFSET for slot 8r + jj + 4e at row 2r + e."""
     if DT == tl.float16:
         t = ((q >> (4 * jj)) & 0x000F000F) | 0x64006400        # two fp16 1024 + q
         base: tl.constexpr = 1024.0
@@ -85,7 +88,7 @@ def _codes_16(q, jj: tl.constexpr, OFFSET: tl.constexpr, DT: tl.constexpr, BN: t
 
 @triton.jit
 def _codes_i8(q, jj: tl.constexpr, SIGNED: tl.constexpr, BN: tl.constexpr):
-    """q int32 [16, BN] → int8 [64, BN]: code − 8 (SIGNED) or code, for k = 8r + 2b + jj at row 4r + b."""
+    """q int32 [16, BN] → int8 [64, BN]: code − 8 (SIGNED) or code, for slot 8r + 2b + jj at row 4r + b."""
     t = (q >> (4 * jj)) & 0x0F0F0F0F
     if SIGNED:
         # per byte (q + 120) ^ 0x80 = q − 8 in two's complement; q + 120 < 256, so no carry between bytes
@@ -143,9 +146,10 @@ def _per_row(v, WEIGHTS_A: tl.constexpr):
 @triton.jit
 def _group_dot_16(x, q, acc, s, zs, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc (fp32) += x [BM, 128] (bf16/fp16) @ W over one group: codes q int32 [16, BN], s/zs [BN] fp32."""
+    """acc (fp32) += x [BM, 128] (bf16/fp16, slot order) @ W over one group: codes q int32 [16, BN], s/zs [BN]
+    fp32."""
     DT = x.dtype
-    lo, hi = tl.split(tl.reshape(x, [BM, 16, 2, 2, 2]))       # k = 8r + 4e + 2·j1 + j0: lo/hi = j0
+    lo, hi = tl.split(tl.reshape(x, [BM, 16, 2, 2, 2]))       # slot 8r + 4e + 2·j1 + j0: lo/hi = j0
     x0, x2 = tl.split(lo)
     x1, x3 = tl.split(hi)
     xs = (tl.reshape(x0, [BM, 32]), tl.reshape(x1, [BM, 32]), tl.reshape(x2, [BM, 32]), tl.reshape(x3, [BM, 32]))
@@ -173,9 +177,9 @@ def _exact_f32(d):
 @triton.jit
 def _group_dot_i8(x, q, acc, s, zs, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc (fp32) += (x int8 [BM, 128] @ codes) · s (+ Σx · zs), the int8 dot exact in int32.
+    """acc (fp32) += (x int8 [BM, 128], slot order, @ codes) · s (+ Σx · zs), the int8 dot exact in int32.
     Symmetric codes enter the mma as q − 8; with zero points as q (0..15), and zs·Σx adds the offset."""
-    x0, x1 = tl.split(tl.reshape(x, [BM, 16, 4, 2]))           # k = 8r + 2b + jj: x0/x1 = jj
+    x0, x1 = tl.split(tl.reshape(x, [BM, 16, 4, 2]))           # slot 8r + 2b + jj: x0/x1 = jj
     x0 = tl.reshape(x0, [BM, 64])
     x1 = tl.reshape(x1, [BM, 64])
     if WEIGHTS_A:
@@ -192,7 +196,7 @@ def _group_dot_i8(x, q, acc, s, zs, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexp
 
 @triton.jit
 def _codes_k(q, BN: tl.constexpr):
-    """q int32 [16, BN] → int32 [128, BN]: the group's codes 0..15 in k order (code 8r + j is nibble j of word r)."""
+    """q int32 [16, BN] → int32 [128, BN]: the group's codes 0..15 in slot order (slot 8r + j: nibble j of word r)."""
     c = (q[:, None, :] >> (4 * tl.arange(0, 8))[None, :, None]) & 0xF
     return tl.reshape(c, [128, BN])
 
@@ -200,7 +204,7 @@ def _codes_k(q, BN: tl.constexpr):
 @triton.jit
 def _group_dot_natural(x, q, acc, s, zs, A8: tl.constexpr, HAS_ZS: tl.constexpr, BN: tl.constexpr,
                        DOT_F32: tl.constexpr):
-    """acc [BM, BN] (fp32) += x [BM, 128] @ W over one group, x in k order and the codes unpacked in k order:
+    """acc [BM, BN] (fp32) += x [BM, 128] @ W over one group, x and the codes in slot order:
     A8: the int8 codes (− 8 when symmetric) summed exactly in int32, scaled in fp32 (+ Σx·zs);
     16-bit: weights (q − 8)·s (or q·s + zs) rounded to x's dtype, the mma accumulating across groups."""
     c = _codes_k(q, BN)
@@ -242,7 +246,8 @@ def _int4_matmul_kernel(
         M, N, K, stride_xm, stride_om,
         A8: tl.constexpr, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr, NATURAL: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr):
-    # x [M, K] (bf16/fp16, or int8 with xs [M] fp32 when A8), qw int32 [K/8, N], s/zs [K/128, N], out [M, N]
+    # x [M, K] (bf16/fp16, or int8 with xs [M] fp32 when A8; slot order), qw int32 [K/128, N, 16], s/zs [K/128, N],
+    # out [M, N]
     # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split-K count): M-tiles vary fastest, so CTAs sharing weights run
     # together. The split count is a grid dimension, not a constexpr: one compiled kernel serves every count.
     pid_m = tl.program_id(0)
@@ -257,7 +262,7 @@ def _int4_matmul_kernel(
     g_lo = pid_k * per_split
     g_hi = tl.minimum(g_lo + per_split, n_groups)
     x_tile = x_ptr + rm[:, None].to(tl.int64) * stride_xm + tl.arange(0, 128)[None, :]
-    w_tile = qw_ptr + tl.arange(0, 16)[:, None] * N + rn[None, :]
+    w_tile = qw_ptr + tl.arange(0, 16)[:, None] + rn[None, :] * 16             # [16 words, BN columns]
     if WEIGHTS_A:
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     else:
@@ -330,12 +335,18 @@ def pick_config(m: int, n: int, k: int, device, a8: bool = False, **override) ->
     return Config(p["block_m"], p["block_n"], split, p["num_warps"], p["num_stages"], p["form"])
 
 
+@functools.lru_cache(maxsize=None)
+def slot_index(k: int, device) -> torch.Tensor:
+    """Gather index [K]: slot-ordered activations hold at 128·b + 8i + j the k = 128·b + MMA_K[i, j]."""
+    return (torch.arange(0, k, 128)[:, None] + MMA_K.flatten()).flatten().to(device)
+
+
 def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
     assert w.group == GROUP, "kernel supports group size 128"
     k, n = w.k, w.n
     assert x.shape[-1] == k and x.stride(-1) == 1, (x.shape, k)
     assert n % 8 == 0
-    x2 = x.reshape(-1, k)
+    x2 = x.reshape(-1, k).index_select(1, slot_index(k, x.device))           # [M, K] in slot order
     m = x2.shape[0]
     out2 = out.view(-1, n)
     assert out2.shape[0] == m and out2.stride(-1) == 1

@@ -1,17 +1,18 @@
 """Int4-weight GEMM on Hopper's warpgroup tensor cores (wgmma) for verify and batch steps (17+ rows):
-out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the canonical int4 layout (layers/quant.py), x bf16/fp16.
+out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the mma int4 layout (layers/quant.py), x bf16/fp16.
 
 Why a third int4 kernel: on the H200 the Triton kernel (int4_linear.py) ran at 0.33-0.44x cuBLAS bf16 at 320
 rows. Here, per CTA of BN = 16·warps output columns (the wgmma's M side, 64 per warpgroup) and BM tokens (its N
 side), and per group of 128 k:
-* The group's words [16, BN], scales [BN] and activation tile [BM, 128] are copied (cp.async) into a ring of
-  STAGES shared-memory stages, STAGES − 1 groups ahead; the activations in the wgmma's swizzled layout, read
-  there by the tensor cores as the B operand.
-* The weights are the A operand, from registers: each thread reads back the words its A fragment needs (lane t
-  of a quad holds k = 2t, 2t+1 and 2t+8, 2t+9 of every 16: nibble pair t of each word) and makes each pair with
-  one byte permute and one lop3 (codes 2t, 2t+1 as 128 + q in bf16 or 1024 + q in fp16), then (· − 136)·s or
-  (· − 1032)·s in x's dtype: the weights exactly as a dequantised 16-bit checkpoint holds them (as int4_linear's
-  large-M forms compute them), so the mma accumulates across groups in fp32 with no per-group epilogue.
+* The group's words (BN columns · 64 contiguous bytes), scales [BN] and activation tile [BM, 128] are copied
+  (cp.async) into a ring of STAGES shared-memory stages, STAGES − 1 groups ahead; the activations in the wgmma's
+  swizzled layout, read there by the tensor cores as the B operand.
+* The weights are the A operand, from registers: the mma layout is the A fragment's order, so each thread reads
+  its words with two 16-byte loads, and each pair of weights is one shift, one lop3 (codes as 128 + q in bf16 or
+  1024 + q in fp16), then (· − 136)·s or (· − 1032)·s in x's dtype: the weights exactly as a dequantised 16-bit
+  checkpoint holds them (as int4_linear's large-M forms compute them), so the mma accumulates across groups in
+  fp32 with no per-group epilogue. (The GPTQ layout needed a byte permute and 4x the shared-memory reads per pair:
+  ~300 instructions per group and warp against ~230, and 320 rows ran 15-20% slower.)
 * Each group's wgmma is waited for at once: an asynchronous wgmma reads its A registers after issue, and nothing
   keeps the compiler from reusing them for the next group's weights (the H200 gave wrong sums); two CTAs per SM
   overlap one's unpacking with the other's mma instead. (A through shared memory allowed overlap within a CTA
@@ -21,9 +22,8 @@ side), and per group of 128 k:
   spills a few registers there, after the loop): at 159 registers one CTA per SM ran 256 CTAs in two waves.
   On sm_90 the launch is a programmatic dependent launch whose first weights stream before the previous kernel
   finishes.
-Measured on the H200 (bench/results/kernels-h200.md): at 320 rows 1.4-1.7x the Triton kernel, 0.5-0.8x cuBLAS
-bf16; at 40 rows 1.1-1.4x the Triton kernel and faster than cuBLAS bf16. ncu at 320 rows: the SMs issue ~2
-instructions per cycle, mostly unpacking (~5 per pair of weights), the tensor cores half idle.
+Measured on the H200 (bench/results/kernels-h200.md). ncu at 320 rows (GPTQ layout): the SMs issued ~2
+instructions per cycle, mostly unpacking, the tensor cores half idle.
 Gluon has no interpreter: checked against the dequantising reference in the GPU tests, compiled for sm_90 by
 tests/aot_compile.py. sm_90+ only; other GPUs and asymmetric weights take int4_linear.
 Reference: layers.quant.dequantize_int4."""
@@ -43,25 +43,25 @@ MIN_ROWS = 17                   # up to 16 rows kernels/int4_gemv.py streams the
 
 
 def layouts(bn: int, bm: int, warps: int):
-    """(accumulator [BN, BM], the A operand [BN, 128], pairs [BN, 16 (word), 4 (pair in the word)]) layouts. The
-    pairs' bases are the A fragment's with k = 8·word + 2·pair + e: e is the half of the 32-bit pair, pair bits
-    are the quad's lanes, word bits the fragment's k registers, so the pairs become the operand in place."""
+    """(accumulator [BN, BM], the A operand [BN, 128], a ring stage's words [BN/16, 2 (h), 8 (l), 4 (t), 4 (w)])
+    layouts: warp b holds columns 16b … 16b + 15 (the wgmma's 16 rows of a warp), lane 4l + t the words 4t … 4t+3
+    of columns 16b + l and 16b + 8 + l (one 16-byte load each; layers/quant.py's mma layout)."""
+    assert bn == 16 * warps
     mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bm, 16])
     a_op = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    reps = [[16 * warps << i, 0, 0] for i in range(exact_log2(bn // (16 * warps)))]
-    pairs = gl.DistributedLinearLayout(
-        reg_bases=[[8, 0, 0], [0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0]] + reps,
-        lane_bases=[[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[[16 << i, 0, 0] for i in range(exact_log2(warps))], block_bases=[], shape=[bn, 16, 4])
-    return mma, a_op, pairs
+    words = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 2]],
+        lane_bases=[[0, 0, 0, 1, 0], [0, 0, 0, 2, 0], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 0, 4, 0, 0]],
+        warp_bases=[[1 << i, 0, 0, 0, 0] for i in range(exact_log2(warps))], block_bases=[],
+        shape=[bn // 16, 2, 8, 4, 4])
+    return mma, a_op, words
 
 
 def copy_layouts(bn: int, warps: int):
-    """(words copy [16, BN], scales copy [BN], the words' and scales' ring layout, activations copy [BM, 128], the
+    """(words copy [BN, 16], scales copy [BN], the words' and scales' ring layout, activations copy [BM, 128], the
     activations' ring layout): 16 bytes per thread and copy; words and scales unswizzled, the activations in the
     wgmma's 128-byte swizzle."""
-    lanes_n = min(32, bn // 4)
-    w_copy = gl.BlockedLayout([1, 4], [32 // lanes_n, lanes_n], [warps, 1], [1, 0])
+    w_copy = gl.BlockedLayout([1, 4], [8, 4], [warps, 1], [1, 0])
     s_copy = gl.SliceLayout(0, gl.BlockedLayout([1, 8], [1, 32], [1, warps], [1, 0]))
     flat = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])       # of a [STAGES, ...] ring
     x_copy = gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
@@ -70,39 +70,43 @@ def copy_layouts(bn: int, warps: int):
 
 
 @gluon.jit
-def _weight_pairs(words, sel, s2, DT: gl.constexpr):
-    """Words [...] (int32), byte selector sel (nibble pair j: byte j of the word and of the word >> 4), scale pairs
-    s2 (s in x's dtype, both halves) → weights ((q_2j − 8)·s, (q_2j+1 − 8)·s) as a pair of DT in an int32."""
+def _scaled_pair(t, s2, DT: gl.constexpr):
+    """Nibbles 0 and 4 of t as (q − 8)·s, a pair of DT in an int32: (t & 0x000F000F) | MAGIC is 128 + q (bf16) or
+    1024 + q (fp16) in each half, less 136 (1032) exactly, times the scale pair s2 (s in DT, both halves)."""
     if DT == gl.float16:
         return gl.inline_asm_elementwise(
-            "{ .reg .b32 t, c; shr.b32 t, $1, 4; prmt.b32 t, $1, t, $2; lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;"
-            " mov.b32 c, 0x64086408; sub.rn.f16x2 t, t, c; mul.rn.f16x2 $0, t, $3; }",
-            "=r,r,r,r", [words, sel, s2], dtype=gl.int32, is_pure=True, pack=1)
+            "{ .reg .b32 t, c; lop3.b32 t, $1, 0x000F000F, 0x64006400, 0xEA;"
+            " mov.b32 c, 0x64086408; sub.rn.f16x2 t, t, c; mul.rn.f16x2 $0, t, $2; }",
+            "=r,r,r", [t, s2], dtype=gl.int32, is_pure=True, pack=1)
     else:
         return gl.inline_asm_elementwise(
-            "{ .reg .b32 t, c; shr.b32 t, $1, 4; prmt.b32 t, $1, t, $2; lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;"
-            " mov.b32 c, 0x43084308; sub.rn.bf16x2 t, t, c; mul.rn.bf16x2 $0, t, $3; }",
-            "=r,r,r,r", [words, sel, s2], dtype=gl.int32, is_pure=True, pack=1)
+            "{ .reg .b32 t, c; lop3.b32 t, $1, 0x000F000F, 0x43004300, 0xEA;"
+            " mov.b32 c, 0x43084308; sub.rn.bf16x2 t, t, c; mul.rn.bf16x2 $0, t, $2; }",
+            "=r,r,r", [t, s2], dtype=gl.int32, is_pure=True, pack=1)
 
 
 @gluon.jit
-def _a_operand(stage, s, BN: gl.constexpr, DT: gl.constexpr, pairs: gl.constexpr, a_op: gl.constexpr):
-    """A ring stage's words [16, BN] and the group's scales s [BN] → the A operand [BN, 128] in DT."""
-    words = gl.expand_dims(stage.permute((1, 0)).load(gl.SliceLayout(2, pairs)), 2)          # [BN, 16, 1]
-    j = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, pairs)))
-    sel = gl.expand_dims(gl.expand_dims(j + ((j + 4) << 8), 0), 0)                            # [1, 1, 4]
+def _a_operand(w_stage, s_stage, BN: gl.constexpr, DT: gl.constexpr, words_layout: gl.constexpr,
+               a_op: gl.constexpr):
+    """A ring stage's words [BN, 16] and scales [1, BN] → the A operand [BN, 128] in DT: the weights exactly as a
+    dequantised 16-bit checkpoint holds them. Word 4t + w of column n, pair p = 2·p1 + p0 (nibbles p and p + 4)
+    is k = 32w + 16·p1 + 8·p0 + 2t + (0, 1): the fragment's registers, so the operand is built in place."""
+    NB: gl.constexpr = BN // 16
+    words = w_stage.reshape([NB, 2, 8, 4, 4]).load(words_layout)                    # [b, h, l, t, w]
+    s = s_stage.reshape([NB, 2, 8]).load(gl.SliceLayout(3, gl.SliceLayout(4, words_layout)))
     u = s.to(DT).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-    s2 = gl.expand_dims(gl.expand_dims(u | (u << 16), 1), 2)                                 # [BN, 1, 1]
-    zero = gl.zeros([BN, 16, 4], gl.int32, pairs)
-    p = _weight_pairs(words + zero, sel + zero, s2 + zero, DT)                                # [BN, 16, 4]
-    w = gl.join(p.to(gl.int16), (p >> 16).to(gl.int16)).to(DT, bitcast=True)                # [BN, 16, 4, 2]
-    return gl.convert_layout(gl.reshape(w, [BN, 128]), a_op, assert_trivial=True)           # k = 8·word + 2·j + e
+    s2 = gl.expand_dims(gl.expand_dims(u | (u << 16), 3), 4) + gl.zeros([NB, 2, 8, 4, 4], gl.int32, words_layout)
+    p = gl.join(gl.join(_scaled_pair(words, s2, DT), _scaled_pair(words >> 4, s2, DT)),
+                gl.join(_scaled_pair(words >> 8, s2, DT), _scaled_pair(words >> 12, s2, DT)))  # [..., p0, p1]
+    w = gl.join(p.to(gl.int16), (p >> 16).to(gl.int16)).to(DT, bitcast=True)       # [b, h, l, t, w, p0, p1, e]
+    w = gl.permute(w, [0, 1, 2, 4, 6, 5, 3, 7])                                     # [b, h, l, w, p1, p0, t, e]
+    return gl.convert_layout(gl.reshape(w, [BN, 128]), a_op, assert_trivial=True)
 
 
 @gluon.jit
 def _copy_group(w_stage, s_stage, x_stage, w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x_ok, g, g_hi, N, WORDS: gl.constexpr,
                 ACTS: gl.constexpr):
-    """Group g's words [16, BN] and scales [BN] (WORDS) and/or activations [BM, 128] (ACTS) into a ring stage;
+    """Group g's words [BN, 16] and scales [BN] (WORDS) and/or activations [BM, 128] (ACTS) into a ring stage;
     nothing is read past g_hi. The scales ride in the ring: loaded into registers a group ahead, their memory
     latency stalled every group."""
     live = g < g_hi
@@ -115,11 +119,11 @@ def _copy_group(w_stage, s_stage, x_stage, w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x
 
 @gluon.jit
 def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K, stride_xm, stride_om, m_tiles,
-                       splits, mma: gl.constexpr, a_op: gl.constexpr, pairs: gl.constexpr, w_copy: gl.constexpr,
+                       splits, mma: gl.constexpr, a_op: gl.constexpr, words: gl.constexpr, w_copy: gl.constexpr,
                        s_copy: gl.constexpr, flat: gl.constexpr, x_copy: gl.constexpr, x_swizzled: gl.constexpr,
                        BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
                        PDL: gl.constexpr):
-    # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/8, N], s [K/128, N], out [M, N] (any float dtype);
+    # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/128, N, 16], s [K/128, N], out [M, N] (any float dtype);
     # ws fp32 [2·M·N] (as fp64 [M, N]) and cnt int32 [m_tiles · n_tiles] zeroed (kernels/splitk.py).
     # Grid (n_tiles · splits · m_tiles,): the m tiles of one column tile and K range run side by side (the weights
     # come from HBM once); program = ((n_tile · splits) + split) · m_tiles + m_tile.
@@ -137,10 +141,10 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
     g_hi = gl.minimum(g_lo + per_split, n_groups)
     gl.assume(g_hi > g_lo)      # splits are never empty (a zero-trip path once made ptxas serialise the mma)
 
-    wr = gl.arange(0, 16, layout=gl.SliceLayout(1, w_copy))
-    wn = gl.arange(0, BN, layout=gl.SliceLayout(0, w_copy))
-    w_ptrs = qw_ptr + gl.expand_dims(wr, 1) * N + n0 + gl.expand_dims(wn, 0)
-    w_ok = gl.expand_dims(wr < 16, 1) & gl.expand_dims(n0 + wn < N, 0)
+    wn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, w_copy))
+    wi = gl.arange(0, 16, layout=gl.SliceLayout(0, w_copy))
+    w_ptrs = qw_ptr + gl.expand_dims(wn, 1) * 16 + gl.expand_dims(wi, 0)          # a group: BN·64 contiguous bytes
+    w_ok = gl.expand_dims(wn < N, 1) & gl.expand_dims(wi < 16, 0)
     xm = gl.arange(0, BM, layout=gl.SliceLayout(1, x_copy))
     xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_copy))
     x_ptrs = x_ptr + gl.expand_dims(m0 + xm, 1).to(gl.int64) * stride_xm + gl.expand_dims(xk, 0)
@@ -149,7 +153,7 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
     s_ptrs = gl.expand_dims(s_ptr + sn, 0)                                              # [1, BN]
     s_ok = gl.expand_dims(sn < N, 0)
 
-    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 16, BN], flat)
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 16], flat)
     scales_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, 1, BN], flat)
     acts_ring = gl.allocate_shared_memory(DT, [STAGES, BM, 128], x_swizzled)
     # Ring: STAGES − 1 groups ahead are in flight; a stage is refilled once every warpgroup's mma of it retired.
@@ -178,8 +182,7 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
                     x_ptrs, x_ok, g + STAGES - 1, g_hi, N, True, True)
         async_copy.commit_group()
         cur = step % STAGES
-        s = scales_ring.index(cur).reshape([BN]).load(gl.SliceLayout(1, gl.SliceLayout(2, pairs)))
-        a = _a_operand(words_ring.index(cur), s, BN, DT, pairs, a_op)
+        a = _a_operand(words_ring.index(cur), scales_ring.index(cur), BN, DT, words, a_op)
         # waited for at once: an asynchronous wgmma reads its A registers after issue, and nothing keeps the
         # compiler from reusing them for the next group's weights (wrong sums on the H200). Two CTAs per SM
         # overlap one's unpacking with the other's mma instead.
@@ -236,10 +239,10 @@ def int4_wgmma(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_m: int =
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     pdl = gpu.pdl(x.device)
     ws, cnt = workspace(x.device, 2 * m * n, m_tiles * n_tiles)                  # fp64 [M, N]
-    mma, a_op, pairs = layouts(bn, bm, warps)
+    mma, a_op, words = layouts(bn, bm, warps)
     w_copy, s_copy, flat, x_copy, x_swizzled = copy_layouts(bn, warps)
     _int4_wgmma_kernel[(n_tiles * p["splits"] * m_tiles,)](
         x2, w.qweight, w.scales, out2, ws, cnt, m, n // 8, k, x2.stride(0), out2.stride(0), m_tiles, p["splits"],
-        mma, a_op, pairs, w_copy, s_copy, flat, x_copy, x_swizzled, bn, bm, stages, p["splits"] > 1, pdl,
+        mma, a_op, words, w_copy, s_copy, flat, x_copy, x_swizzled, bn, bm, stages, p["splits"] > 1, pdl,
         num_warps=warps, launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * warps * 32))
     return out

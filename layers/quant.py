@@ -1,8 +1,15 @@
-"""Weight quantisation in plain torch: the canonical int4 layout, its pack/unpack, round-to-nearest quantisers,
-the dequantising references the kernels are tested against, and int8 per-row / per-token quantisers.
+"""Weight quantisation in plain torch: the int4 layouts (GPTQ's, read from checkpoints, and the mma layout the
+kernels stream), their pack/unpack, round-to-nearest quantisers, the dequantising references the kernels are tested
+against, and int8 per-row / per-token quantisers.
 
-Canonical int4 layout (QUANT.md §2.5, = GPTQ `qweight`): for a linear with weight W [N, K] (out × in),
-  qweight int32 [K/8, N]: word [r, n] holds the 4-bit codes of k = 8r … 8r+7 in bits 4j … 4j+3, LSB first;
+GPTQ int4 layout (QUANT.md §2.5, checkpoints): for a linear with weight W [N, K] (out × in), qweight int32 [K/8, N],
+word [r, n] holding the 4-bit codes of k = 8r … 8r+7 in bits 4j … 4j+3, LSB first.
+Int4Weight (what the kernels read) keeps a column's 128 codes of a K block together, ordered as the tensor cores'
+register fragments want them (QUANT.md §3, the Marlin idea): qweight int32 [K/128, N, 16], word i = 4t + w of
+column n holding, in nibble j = 4e + 2p1 + p0, the code of k = 128·block + 32w + 16p1 + 8p0 + 2t + e (MMA_K below).
+Lane 4·l + t of an m16n8k16 / wgmma A fragment needs, for row l, k pairs (2t, 2t+1) + 8·p0 + 16·p1 of each 32-wide
+chunk w: one 16-byte load of words 4t … 4t+3 brings all of them, and (word >> 4p) & 0x000F000F is the pair (e = 0, 1)
+in the two halves of a register. A column tile's K block is one contiguous run of 64-byte columns.
   scales  fp16/bf16 [K/G, N];
   zs      None (symmetric: W = (q − 8)·s) or [K/G, N] = −z·s (asymmetric: W = q·s + zs, the fma form).
 Int8 (lm_head, embeddings): q int8 [N, K] (nn.Linear orientation, rows contiguous), scales [N] = amax/127.
@@ -13,18 +20,29 @@ from typing import Optional
 import torch
 
 GROUP = 128
+BLOCK_K = 128                   # the mma layout's K block (any scale group G divides or equals it: G = 128 here)
+
+
+def _mma_k() -> torch.Tensor:
+    """int64 [16 (word i = 4t + w), 8 (nibble j = 4e + 2p1 + p0)]: the k inside a block of that code."""
+    i, j = torch.arange(16)[:, None], torch.arange(8)[None, :]
+    t, w, e, p1, p0 = i // 4, i % 4, j // 4, (j // 2) % 2, j % 2
+    return 32 * w + 16 * p1 + 8 * p0 + 2 * t + e
+
+
+MMA_K = _mma_k()
 
 
 @dataclass
 class Int4Weight:
-    qweight: torch.Tensor                 # int32 [K/8, N]
+    qweight: torch.Tensor                 # int32 [K/128, N, 16] (the mma layout)
     scales: torch.Tensor                  # fp16/bf16 [K/G, N]
     zs: Optional[torch.Tensor] = None     # like scales (asymmetric), None (symmetric, zero 8)
     group: int = GROUP
 
     @property
     def k(self) -> int:
-        return self.qweight.shape[0] * 8
+        return self.qweight.shape[0] * BLOCK_K
 
     @property
     def n(self) -> int:
@@ -63,6 +81,26 @@ def unpack_int4(words: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return c.reshape(*w.shape[:-1], -1).to(torch.uint8).movedim(-1, dim).contiguous()
 
 
+def pack_mma(codes: torch.Tensor) -> torch.Tensor:
+    """Codes 0…15 [K, N] → the mma layout int32 [K/128, N, 16]."""
+    k, n = codes.shape
+    assert k % BLOCK_K == 0, f"K = {k} must be a multiple of {BLOCK_K}"
+    c = codes.to(torch.int64).reshape(k // BLOCK_K, BLOCK_K, n)[:, MMA_K.to(codes.device)]     # [K/128, 16, 8, N]
+    words = (c << (4 * torch.arange(8, device=codes.device))[:, None]).sum(2)                  # [K/128, 16, N]
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.transpose(1, 2).contiguous()
+
+
+def unpack_mma(words: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_mma: int32 [K/128, N, 16] → uint8 codes [K, N]."""
+    nb, n, _ = words.shape
+    w = words.to(torch.int64).transpose(1, 2) & 0xFFFFFFFF                                   # [K/128, 16, N]
+    c = (w[:, :, None] >> (4 * torch.arange(8, device=words.device))[:, None]) & 0xF        # [K/128, 16, 8, N]
+    codes = torch.empty(nb, BLOCK_K, n, dtype=torch.uint8, device=words.device)
+    codes[:, MMA_K.to(words.device)] = c.to(torch.uint8)
+    return codes.reshape(nb * BLOCK_K, n)
+
+
 def _group_view(w: torch.Tensor, group: int) -> torch.Tensor:
     n, k = w.shape
     assert k % group == 0 and k % 8 == 0, f"K = {k} must be a multiple of the group size {group}"
@@ -88,12 +126,12 @@ def quantize_int4(w: torch.Tensor, group: int = GROUP, sym: bool = True,
         q = torch.clamp(torch.round(g / sf) + z, 0, 15)
         zs = (-z[..., 0] * s.float()).to(scale_dtype).t().contiguous()
     codes = q.reshape(w.shape).t()                                      # [K, N]
-    return Int4Weight(pack_int4(codes.to(torch.uint8)), s.t().contiguous(), zs, group)
+    return Int4Weight(pack_mma(codes.to(torch.uint8)), s.t().contiguous(), zs, group)
 
 
 def dequantize_int4(w: Int4Weight) -> torch.Tensor:
     """The reference: W [N, K] in fp32, exactly what the kernels compute with (scales as stored)."""
-    q = unpack_int4(w.qweight).float()                                  # [K, N]
+    q = unpack_mma(w.qweight).float()                                   # [K, N]
     s = w.scales.float().repeat_interleave(w.group, 0)
     if w.zs is None:
         out = (q - 8) * s
@@ -104,14 +142,16 @@ def dequantize_int4(w: Int4Weight) -> torch.Tensor:
 
 def int4_from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, sym: bool,
                    group: int = GROUP, v1: bool = True) -> Int4Weight:
-    """GPTQ tensors (qweight [K/8, N], qzeros [K/G, N/8], scales [K/G, N]) → canonical form. GPTQ v1 stores z − 1
-    (QUANT.md §2.1). Symmetric checkpoints must have every zero at 8; asymmetric ones get zs = −z·s."""
+    """GPTQ tensors (qweight [K/8, N], qzeros [K/G, N/8], scales [K/G, N]) → Int4Weight. GPTQ v1 stores z − 1
+    (QUANT.md §2.1), the codes are repacked into the mma layout. Symmetric checkpoints must have every zero at 8;
+    asymmetric ones get zs = −z·s."""
     z = unpack_int4(qzeros, dim=1).to(torch.int32) + (1 if v1 else 0)
+    words = pack_mma(unpack_int4(qweight))
     if sym:
         assert bool((z == 8).all()), "sym checkpoint with zero points other than 8"
-        return Int4Weight(qweight.contiguous(), scales.contiguous(), None, group)
+        return Int4Weight(words, scales.contiguous(), None, group)
     zs = (-z.float() * scales.float()).to(scales.dtype)
-    return Int4Weight(qweight.contiguous(), scales.contiguous(), zs.contiguous(), group)
+    return Int4Weight(words, scales.contiguous(), zs.contiguous(), group)
 
 
 def quantize_int8_rows(w: torch.Tensor, scale_dtype: torch.dtype = torch.float16) -> Int8Weight:

@@ -50,7 +50,7 @@ def launches():
     """Call every wrapper once per configuration the engine uses; yields a label per call."""
     rows_m = (1, B * T, 320)                        # decode, a verify bucket, 64 sequences × 5 tokens
     for n, k in ((16384, H), (H, 6144), (14336, H), (34816, H), (H, I)):
-        w = Int4Weight(empty(k // 8, n, dtype=torch.int32), empty(k // 128, n, dtype=torch.float16))
+        w = Int4Weight(empty(k // 128, n, 16, dtype=torch.int32), empty(k // 128, n, dtype=torch.float16))
         for m in rows_m:
             int4_linear.int4_linear(empty(m, k), w)
         for m in (1, 5, 16):                        # the GPU's path for these (int4_linear picks it on CUDA only)

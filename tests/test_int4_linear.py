@@ -5,8 +5,8 @@ import torch
 
 from kernels.int4_linear import NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from kernels.splitk import workspace
-from layers.quant import (dequantize_int4, int4_from_gptq, pack_int4, quantize_act_int8, quantize_int4,
-                          unpack_int4)
+from layers.quant import (MMA_K, dequantize_int4, int4_from_gptq, pack_int4, pack_mma, quantize_act_int8,
+                          quantize_int4, unpack_int4, unpack_mma)
 from tests.fixtures import rel_err
 from tests.int4_cases import SHAPES_27B
 
@@ -37,13 +37,29 @@ def test_pack_layout_is_gptq():
     assert words[0, 0].item() == 0x76543210 and words[1, 0].item() == -0x01234568   # 0xFEDCBA98 as int32
 
 
+def test_mma_layout():
+    """pack_mma/unpack_mma round-trip; every k of a block has one slot; a code lands where the fragment wants it:
+    k = 128 + 32w + 16p1 + 8p0 + 2t + e in word 4t + w of block 1, nibble 4e + 2p1 + p0."""
+    gen = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 16, (384, 24), generator=gen, dtype=torch.uint8)
+    words = pack_mma(codes)
+    assert words.dtype == torch.int32 and words.shape == (3, 24, 16)
+    assert torch.equal(unpack_mma(words), codes)
+    assert torch.equal(MMA_K.flatten().sort().values, torch.arange(128))
+    one = torch.zeros(256, 3, dtype=torch.uint8)
+    w, p1, p0, t, e = 2, 1, 0, 3, 1
+    one[128 + 32 * w + 16 * p1 + 8 * p0 + 2 * t + e, 2] = 0xB
+    words = pack_mma(one)
+    assert words.count_nonzero() == 1 and words[1, 2, 4 * t + w].item() == 0xB << 4 * (4 * e + 2 * p1 + p0)
+
+
 @pytest.mark.parametrize("sym", [True, False])
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
 def test_quantize_dequantize(sym, scale_dtype):
     gen = torch.Generator().manual_seed(2)
     w = torch.randn(24, 384, generator=gen)
     q = quantize_int4(w, sym=sym, scale_dtype=scale_dtype)
-    assert q.qweight.shape == (48, 24) and q.scales.shape == (3, 24) and q.scales.dtype == scale_dtype
+    assert q.qweight.shape == (3, 24, 16) and q.scales.shape == (3, 24) and q.scales.dtype == scale_dtype
     assert (q.zs is None) == sym
     err = rel_err(dequantize_int4(q), w)
     assert 0.02 < err < 0.12, err                                          # int4 RTN: ~0.08 sym, ~0.07 asym
@@ -61,7 +77,7 @@ def test_int4_from_gptq_v1(sym):
     else:
         z = torch.round(-q.zs.float() / q.scales.float()).to(torch.int64)
     qzeros = pack_int4((z - 1).to(torch.uint8), dim=1)                    # GPTQ v1 stores z − 1
-    c = int4_from_gptq(q.qweight, qzeros, q.scales, sym=sym)
+    c = int4_from_gptq(pack_int4(unpack_mma(q.qweight)), qzeros, q.scales, sym=sym)
     assert rel_err(dequantize_int4(c), dequantize_int4(q)) < 1e-3
 
 

@@ -58,3 +58,4 @@ def test_int4_wgmma_graph_replay():
     out = torch.empty(40, 5120, dtype=torch.bfloat16, device="cuda")
     assert pick(40, 5120, 6144, x.device)["splits"] > 1
     check_graph_replay(lambda: int4_wgmma(x, w, out), x, out, lambda x: rounded_ref(x, w))
+
