@@ -151,8 +151,8 @@ A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, form=form
 
 # Alternatives to int4_gemv.ROW_BUCKETS for --sweep
 GEMV_VARIANTS = [dict(block_n=bn, warps=w, stages=st, ctas_per_sm=c) for bn, w, st, c in
-                 ((128, 2, 2, 8), (128, 2, 3, 8), (128, 2, 4, 6), (64, 2, 2, 8), (64, 2, 4, 10), (128, 4, 2, 4),
-                  (64, 1, 4, 16))]
+                 ((128, 2, 2, 8), (128, 2, 2, 6), (128, 2, 3, 7), (128, 4, 2, 4), (128, 4, 3, 4), (256, 4, 2, 4),
+                  (256, 4, 3, 3), (64, 2, 3, 12))]
 
 
 # Alternatives to int4_wgmma.LAUNCH for --sweep

@@ -13,7 +13,10 @@ and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran
 * Word → bf16/fp16 pairs with t = (word >> 4p) & 0x000F000F | MAGIC (codes p and p+4 as 128 + q or 1024 + q: the
   fragment's k pair 2t, 2t+1 of the chunk's 8-wide slice p).
 * Exact codes in the mma (offset by 128, the offset removed through a ones-operand mma of x: one subtract per
-  pair of weights less), the group's partial sum scaled once per group in fp32 (like int4_linear's GEMV form).
+  pair of weights less), the group's partial sum scaled once per group in fp32 (like int4_linear's GEMV form) and
+  added across groups in fp64: exact (below), so a token's output does not depend on how K is cut into ranges —
+  the same bits whatever the row bucket's launch (decoded alone, or among up to 16 rows of a verify step) —
+  for 1-5% of speed.
 * The next groups' words and activations are in flight in the ring (no registers hold them: 8 CTAs of 2 warps
   fit an SM's registers; with the words prefetched into registers the kernel measured 0.60 instead of 0.63 of the
   copy bandwidth at M = 1); the scales are loaded one group ahead into registers. On sm_90 the launch is a
@@ -21,13 +24,14 @@ and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran
 * Stream-K: the (column tile, K group) work units are cut into one equal range per resident CTA, so every SM
   streams the same bytes (with one split-K count per shape, CTA counts that are no multiple of the SMs left
   up to 21% of the SMs idle at the end; ncu, 34816x5120). A tile shared by programs is summed in an fp64
-  workspace (order-independent: deterministic, and a token's output does not depend on the launch's other tokens).
+  workspace (order-independent: deterministic).
 Measured on the H200 (bench/results/kernels-h200.md; the small shapes pay the launch's fixed latency: their copy
 floor is 0.72-0.90). Against the GPTQ layout (words copied as 16 rows of the group, read back 4 bytes at a time
-through a swizzle, activations permuted in registers): 3-10% faster at M = 1-8, equal at 9-16. Tried and not kept:
-3-4 ring stages (fewer CTAs fit the shared memory: slower), 64-column tiles, fewer registers (maxnreg) for 9-10
-CTAs per SM (no faster), two register buffers, L2 prefetch instructions; activations as k pairs from global
-memory (16 4-byte loads per thread and group instead of 4 ldmatrix per warp: 137 registers, and slower at 9-16).
+through a swizzle, activations permuted in registers, fp32 sums, one launch for 1-8 rows): M = 1 1-8% and M = 5
+5-11% faster. Tried and not kept: 3-4 ring stages (fewer CTAs fit the shared memory: slower), 64-column tiles,
+fewer registers (maxnreg) for 9-10 CTAs per SM (no faster), two register buffers, L2 prefetch instructions;
+activations as k pairs from global memory (16 4-byte loads per thread and group instead of 4 ldmatrix per warp:
+137 registers, and slower at 9-16).
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
@@ -162,7 +166,7 @@ def _group_product(q, x_stage, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: g
         xb = x_stage.slice(32 * b, 32, dim=1).permute((1, 0)).load(b_op)        # [32, BT]: ldmatrix
         part = mma_v2(_chunk_weights(q, b, BN, DT, a_op), xb, part)
         xsum = mma_v2(gl.full([BN, 32], 1.0, DT, a_op), xb, xsum)
-    return acc + (part - BASE * xsum) * gl.expand_dims(s.to(gl.float32), 1)
+    return acc + ((part - BASE * xsum) * gl.expand_dims(s.to(gl.float32), 1)).to(gl.float64)
 
 
 @gluon.jit
@@ -172,7 +176,7 @@ def flush_tile(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stri
     workspace, and stored by the program whose groups complete the tile's count (as kernels/splitk.store_tile).
     The workspace adds in fp64: a sum of fp32 partials whose magnitudes lie within 2^24 of each other is exact
     there, so the order the programs arrive in does not change the bits (fp32 atomics made every call's output a
-    little random), and a token's output is the same for every M of the bucket: decoded alone or in a verify step."""
+    little random). acc may be fp32 or fp64."""
     cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
     mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0)
@@ -244,7 +248,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
                    n_groups, N, BN, EVEN_N, False, True)
         async_copy.commit_group()
     s_next = _load_scales(s_ptrs, sr, u_lo, n_groups, N, BN, EVEN_N)
-    acc = gl.zeros([BN, BT], gl.float32, mma)
+    acc = gl.zeros([BN, BT], gl.float64, mma)
     for u in range(u_lo, u_hi):
         i = u - u_lo
         async_copy.wait_group(STAGES - 2)          # this thread's copies of unit u have landed
@@ -261,18 +265,22 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
             tile = u // n_groups
             flush_tile(acc, tile, u + 1 - gl.maximum(u_lo, tile * n_groups), n_groups, out_ptr, ws_ptr, cnt_ptr,
                        M, N, stride_om, BN, BT, mma)
-            acc = gl.zeros([BN, BT], gl.float32, mma)
+            acc = gl.zeros([BN, BT], gl.float64, mma)
     async_copy.wait_group(0)
 
 
 # Per row bucket (upper bound inclusive): columns per CTA, warps per CTA, ring stages, and CTAs per SM in the grid:
-# as many as stay resident at once (64K registers per SM: 2-warp CTAs of ≤ 128 registers per thread (8 tokens) fit
-# 8 times, of ≤ 170 (16 tokens) 6 times, and the launch caps the registers there (maxnreg): at 137 registers 7 CTAs
-# fit, the eighth waited for a second wave and M = 2-8 ran 20-40% slower; shared memory caps it further on
-# smaller parts). H200 sweep at the 27B shapes (bench/kernels_int4.py --sweep): 8 CTAs of 2 stages
-# beat 6-7 of 3-4 stages (0.63 / 0.58 of the copy bandwidth at M = 1), and 128 columns beat 64 (0.56 / 0.44 at 8).
-ROW_BUCKETS = ((8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8)),
-               (16, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6)))
+# as many as stay resident at once; the launch caps the registers to fit them (maxnreg = 64K registers per SM /
+# threads), and a CTA waiting for a second wave doubles the time (at 137 registers 7 of 8 fit: M = 2-8 ran 20-40%
+# slower); shared memory caps the count further on smaller parts. H200 sweep at the 27B shapes with the mma layout
+# (bench/kernels_int4.py --sweep): M = 1 8 CTAs per SM (6: 10-20% slower); M = 2-8 6 (170 registers: none spill)
+# by 1-15% over 8 (128: a few spill, and more programs flush more partial tiles; out_proj 8.95 against 10.47 us at
+# M = 5); M = 9-16 128 columns on 4 warps, 4 per SM (half the accumulator per thread) 1.4-1.6x faster than on 2
+# warps, 6 per SM. 2 stages beat 3 throughout. (The sums are in fp64, so the buckets' different K ranges give
+# every token the same bits.)
+ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8)),
+               (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6)),
+               (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4)))
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:

@@ -34,7 +34,7 @@ def test_int4_gemv(m, n, k, xdt, sdt, cfg):
     out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")      # poisoned
     int4_gemv(x, w, out, **cfg)
     assert not out.isnan().any()
-    assert rel_err(out, ref) < 1e-3, rel_err(out, ref)                   # exact codes, fp32 sums, x rounded only
+    assert rel_err(out, ref) < 1e-3, rel_err(out, ref)                   # exact codes, fp64 sums, x rounded only
     ws, cnt = workspace(x.device, 1, 1)
     assert not ws.any() and not cnt.any()                                # split tiles leave the workspace zeroed
 
@@ -51,18 +51,20 @@ def test_int4_gemv_27b_shapes(m, n, k):
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)
 def test_int4_gemv_width_invariant(n, k):
-    """Each token's output is bitwise the same alone (decode) or among 5 or 8 (a verify step), and run to run."""
-    x, w, _ = case(8, n, k, torch.bfloat16, torch.float16, n + k)
+    """Each token's output is bitwise the same alone (decode) or among 5, 8 or 16 (verify steps: every row bucket,
+    each its own launch geometry and K ranges), and run to run."""
+    x, w, _ = case(16, n, k, torch.bfloat16, torch.float16, n + k)
     outs = {}
-    for m in (1, 5, 8):
-        outs[m] = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    for m in (1, 5, 8, 16):
+        outs[m] = torch.empty(m, n, dtype=torch.float32, device="cuda")
         int4_gemv(x[:m], w, outs[m])
-    again = torch.empty(8, n, dtype=torch.bfloat16, device="cuda")
+    again = torch.empty(16, n, dtype=torch.float32, device="cuda")
     int4_gemv(x, w, again)
-    assert torch.equal(outs[1][0], outs[5][0]) and torch.equal(outs[5], outs[8][:5]) and torch.equal(outs[8], again)
-    single = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
-    int4_gemv(x[3:4], w, single)
-    assert torch.equal(single[0], outs[8][3])
+    assert torch.equal(outs[1][0], outs[5][0]) and torch.equal(outs[5], outs[8][:5])
+    assert torch.equal(outs[8], outs[16][:8]) and torch.equal(outs[16], again)
+    single = torch.empty(1, n, dtype=torch.float32, device="cuda")
+    int4_gemv(x[11:12], w, single)
+    assert torch.equal(single[0], outs[16][11])
 
 
 def test_int4_gemv_strided_rows_and_graph_replay():
