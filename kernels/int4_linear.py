@@ -46,7 +46,7 @@ import triton.language as tl
 
 from kernels import device as gpu
 from kernels.splitk import split_count, store_tile, workspace
-from layers.quant import MMA_K, Int4Weight
+from layers.quant import Int4Weight, mma_k
 
 try:                            # Gluon is experimental in Triton: without it, this kernel serves every call
     from kernels.int4_gemv import int4_gemv, supports as gemv_supports
@@ -337,8 +337,8 @@ def pick_config(m: int, n: int, k: int, device, a8: bool = False, **override) ->
 
 @functools.lru_cache(maxsize=None)
 def slot_index(k: int, device) -> torch.Tensor:
-    """Gather index [K]: slot-ordered activations hold at 128·b + 8i + j the k = 128·b + MMA_K[i, j]."""
-    return (torch.arange(0, k, 128)[:, None] + MMA_K.flatten()).flatten().to(device)
+    """Gather index [K]: slot-ordered activations hold at 128·b + 8i + j the k = 128·b + mma_k[i, j]."""
+    return (torch.arange(0, k, 128, device=device)[:, None] + mma_k(device).flatten()).flatten()
 
 
 def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):

@@ -6,7 +6,7 @@ GPTQ int4 layout (QUANT.md §2.5, checkpoints): for a linear with weight W [N, K
 word [r, n] holding the 4-bit codes of k = 8r … 8r+7 in bits 4j … 4j+3, LSB first.
 Int4Weight (what the kernels read) keeps a column's 128 codes of a K block together, ordered as the tensor cores'
 register fragments want them (QUANT.md §3, the Marlin idea): qweight int32 [K/128, N, 16], word i = 4t + w of
-column n holding, in nibble j = 4e + 2p1 + p0, the code of k = 128·block + 32w + 16p1 + 8p0 + 2t + e (MMA_K below).
+column n holding, in nibble j = 4e + 2p1 + p0, the code of k = 128·block + 32w + 16p1 + 8p0 + 2t + e (mma_k below).
 Lane 4·l + t of an m16n8k16 / wgmma A fragment needs, for row l, k pairs (2t, 2t+1) + 8·p0 + 16·p1 of each 32-wide
 chunk w: one 16-byte load of words 4t … 4t+3 brings all of them, and (word >> 4p) & 0x000F000F is the pair (e = 0, 1)
 in the two halves of a register. A column tile's K block is one contiguous run of 64-byte columns.
@@ -20,17 +20,15 @@ from typing import Optional
 import torch
 
 GROUP = 128
-BLOCK_K = 128                   # the mma layout's K block (any scale group G divides or equals it: G = 128 here)
+BLOCK_K = 128                   # the mma layout's K block (the scale group too, here)
 
 
-def _mma_k() -> torch.Tensor:
-    """int64 [16 (word i = 4t + w), 8 (nibble j = 4e + 2p1 + p0)]: the k inside a block of that code."""
-    i, j = torch.arange(16)[:, None], torch.arange(8)[None, :]
+def mma_k(device=None) -> torch.Tensor:
+    """int64 [16 (word i = 4t + w), 8 (nibble j = 4e + 2p1 + p0)]: the k inside a block of that code. Built where it
+    is used (no host copy: capturable in a CUDA graph)."""
+    i, j = torch.arange(16, device=device)[:, None], torch.arange(8, device=device)[None, :]
     t, w, e, p1, p0 = i // 4, i % 4, j // 4, (j // 2) % 2, j % 2
     return 32 * w + 16 * p1 + 8 * p0 + 2 * t + e
-
-
-MMA_K = _mma_k()
 
 
 @dataclass
@@ -85,7 +83,7 @@ def pack_mma(codes: torch.Tensor) -> torch.Tensor:
     """Codes 0…15 [K, N] → the mma layout int32 [K/128, N, 16]."""
     k, n = codes.shape
     assert k % BLOCK_K == 0, f"K = {k} must be a multiple of {BLOCK_K}"
-    c = codes.to(torch.int64).reshape(k // BLOCK_K, BLOCK_K, n)[:, MMA_K.to(codes.device)]     # [K/128, 16, 8, N]
+    c = codes.to(torch.int64).reshape(k // BLOCK_K, BLOCK_K, n)[:, mma_k(codes.device)]     # [K/128, 16, 8, N]
     words = (c << (4 * torch.arange(8, device=codes.device))[:, None]).sum(2)                  # [K/128, 16, N]
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     return words.transpose(1, 2).contiguous()
@@ -97,7 +95,7 @@ def unpack_mma(words: torch.Tensor) -> torch.Tensor:
     w = words.to(torch.int64).transpose(1, 2) & 0xFFFFFFFF                                   # [K/128, 16, N]
     c = (w[:, :, None] >> (4 * torch.arange(8, device=words.device))[:, None]) & 0xF        # [K/128, 16, 8, N]
     codes = torch.empty(nb, BLOCK_K, n, dtype=torch.uint8, device=words.device)
-    codes[:, MMA_K.to(words.device)] = c.to(torch.uint8)
+    codes[:, mma_k(words.device)] = c.to(torch.uint8)
     return codes.reshape(nb * BLOCK_K, n)
 
 

@@ -5,7 +5,7 @@ import torch
 
 from kernels.int4_linear import NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from kernels.splitk import workspace
-from layers.quant import (MMA_K, dequantize_int4, int4_from_gptq, pack_int4, pack_mma, quantize_act_int8,
+from layers.quant import (dequantize_int4, int4_from_gptq, mma_k, pack_int4, pack_mma, quantize_act_int8,
                           quantize_int4, unpack_int4, unpack_mma)
 from tests.fixtures import rel_err
 from tests.int4_cases import SHAPES_27B
@@ -45,7 +45,7 @@ def test_mma_layout():
     words = pack_mma(codes)
     assert words.dtype == torch.int32 and words.shape == (3, 24, 16)
     assert torch.equal(unpack_mma(words), codes)
-    assert torch.equal(MMA_K.flatten().sort().values, torch.arange(128))
+    assert torch.equal(mma_k().flatten().sort().values, torch.arange(128))
     one = torch.zeros(256, 3, dtype=torch.uint8)
     w, p1, p0, t, e = 2, 1, 0, 3, 1
     one[128 + 32 * w + 16 * p1 + 8 * p0 + 2 * t + e, 2] = 0xB
