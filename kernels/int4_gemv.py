@@ -55,6 +55,25 @@ def exact_log2(v: int) -> int:
     return v.bit_length() - 1
 
 
+def token_tile(m: int) -> int:
+    """The mma's token width (its n side) for m rows."""
+    return 8 if m <= 8 else 16
+
+
+@gluon.jit
+def gdc_launch_dependents():
+    """Programmatic dependent launch (sm_90): the next kernel of the stream may start as this one's CTAs retire."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def gdc_wait():
+    """Programmatic dependent launch: wait until the previous kernel of the stream has completed (its writes
+    visible)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
 def layouts(bn: int, warps: int):
     """The words [BN, 4 (t), 4 (w)] layout that hands each thread what its A fragments need, read back from a ring
     stage: lane 4l + t reads words 4t … 4t+3 of its rows, 16 bytes. Row r of a CTA tile: bits 0-2 lane/4, bit 3
@@ -158,8 +177,9 @@ def _load_scales(s_ptrs, sr, u, n_groups, N, BN: gl.constexpr, EVEN_N: gl.conste
 @gluon.jit
 def _group_product(q, x_stage, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: gl.constexpr, BASE: gl.constexpr,
                    mma: gl.constexpr, a_op: gl.constexpr, b_op: gl.constexpr):
-    """acc [BN, BT] += one group, scaled per row in fp32: Σ (code − 8)·x = Σ (BASE + code − 8)·x − BASE·Σx, the
-    codes entering the mma as BASE + q and Σx coming from a ones operand (a subtract per pair of weights saved)."""
+    """acc [BN, BT] (fp64) += one group, scaled per row in fp32:
+    Σ (code − 8)·x = Σ (BASE + code − 8)·x − BASE·Σx, the codes entering the mma as BASE + q and Σx coming from a
+    ones operand (a subtract per pair of weights saved)."""
     part = gl.zeros([BN, BT], gl.float32, mma)
     xsum = gl.zeros([BN, BT], gl.float32, mma)
     for b in gl.static_range(4):
@@ -199,8 +219,8 @@ def flush_tile(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stri
 @gluon.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_om,
                       w_layout: gl.constexpr, c_layout: gl.constexpr, ring_layout: gl.constexpr,
-                      x_copy: gl.constexpr, x_ring_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, W: gl.constexpr,
-                      STAGES: gl.constexpr, EVEN_N: gl.constexpr, PDL: gl.constexpr):
+                      x_copy: gl.constexpr, x_ring_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
+                      W: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, PDL: gl.constexpr):
     # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/128, N, 16], s [K/128, N], out [M, N] (any float dtype);
     # ws fp32 [2·M·N] (used as fp64 [M, N]) and cnt int32 [tiles] zeroed (kernels/splitk.py). Grid (P,): the
     # tiles · K/128 work units (tile, group), tile-major, are cut into P equal contiguous ranges, one per program
@@ -236,13 +256,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     if PDL:
         # Programmatic dependent launch (sm_90): let the next kernel's CTAs start as ours retire; the weights
         # (constants) stream while the previous kernel finishes, which may write x: wait before reading it.
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+        gdc_launch_dependents()
     for j in gl.static_range(STAGES - 1):
         _copy_unit(ring.index(j), x_ring.index(j), c_ptrs, cr, ct, cb, x_ptrs, x_ok, gl.minimum(u_lo + j, u_hi - 1),
                    n_groups, N, BN, EVEN_N, True, False)
     if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gdc_wait()
     for j in gl.static_range(STAGES - 1):
         _copy_unit(ring.index(j), x_ring.index(j), c_ptrs, cr, ct, cb, x_ptrs, x_ok, gl.minimum(u_lo + j, u_hi - 1),
                    n_groups, N, BN, EVEN_N, False, True)
@@ -294,7 +313,7 @@ def pick(m: int, n: int, k: int, device, **override) -> dict:
     """Launch parameters for m rows: the bucket's tile, the CTAs per SM that fit, and one program per resident CTA
     (at most one per work unit)."""
     p = dict(next(p for bound, p in ROW_BUCKETS if m <= bound), **override)
-    bt = 8 if m <= 8 else 16
+    bt = token_tile(m)
     ring_bytes = p["stages"] * (p["block_n"] * 64 + bt * 256) + 1024   # + the 1 KiB the GPU reserves per CTA
     p["ctas_per_sm"] = min(p["ctas_per_sm"], gpu.smem_per_sm(device) // ring_bytes)
     p.setdefault("programs", min(triton.cdiv(n, p["block_n"]) * (k // 128), p["ctas_per_sm"] * gpu.num_sms(device)))
@@ -313,7 +332,7 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
                                        ctas_per_sm=ctas_per_sm).items() if v is not None}
     p = pick(m, n, k, x.device, **given)
     pdl = gpu.pdl(x.device)
-    bt = 8 if m <= 8 else 16
+    bt = token_tile(m)
     ws, cnt = workspace(x.device, 2 * m * n, triton.cdiv(n, p["block_n"]))      # fp64 [M, N]
     w_layout = layouts(p["block_n"], p["warps"])
     c_layout, ring_layout, x_copy, x_ring_layout = ring_layouts(p["warps"])

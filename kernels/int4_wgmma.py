@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma_wait)
 
 from kernels import device as gpu
-from kernels.int4_gemv import exact_log2, flush_tile
+from kernels.int4_gemv import exact_log2, flush_tile, gdc_launch_dependents, gdc_wait
 from kernels.splitk import split_count, workspace
 from layers.quant import Int4Weight
 
@@ -163,9 +163,8 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
         _copy_group(words_ring.index(i), scales_ring.index(i), acts_ring.index(i), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs,
                     x_ok, g_lo + i, g_hi, N, True, False)
     if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gdc_launch_dependents()
+        gdc_wait()
     for i in gl.static_range(STAGES - 1):
         _copy_group(words_ring.index(i), scales_ring.index(i), acts_ring.index(i), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs,
                     x_ok, g_lo + i, g_hi, N, False, True)
