@@ -44,6 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from kernels import device as gpu
+from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 from kernels.splitk import workspace
 from layers.quant import Int4Weight
 
@@ -58,20 +59,6 @@ def exact_log2(v: int) -> int:
 def token_tile(m: int) -> int:
     """The mma's token width (its n side) for m rows."""
     return 8 if m <= 8 else 16
-
-
-@gluon.jit
-def gdc_launch_dependents():
-    """Programmatic dependent launch (sm_90): the next kernel of the stream may start as this one's CTAs retire."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def gdc_wait():
-    """Programmatic dependent launch: wait until the previous kernel of the stream has completed (its writes
-    visible)."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 def layouts(bn: int, warps: int):

@@ -35,7 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma_wait)
 
 from kernels import device as gpu
-from kernels.int4_gemv import exact_log2, flush_tile, gdc_launch_dependents, gdc_wait
+from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
+from kernels.int4_gemv import exact_log2, flush_tile
 from kernels.splitk import split_count, workspace
 from layers.quant import Int4Weight
 
