@@ -39,8 +39,9 @@ def timed_row(name, shape, fn, nbytes, flops, peak, out, **kw):
     print(out[-1], flush=True)
 
 
-# (proj_dot, block_v, num_warps); tests/test_gdn_kernels.py checks the same configurations on the GPU
-VERIFY_SWEEP = [(d, bv, w) for d in (False, True) for bv, w in ((16, 1), (32, 2), (64, 4))]
+# (proj_dot, block_v, num_warps, gluon); tests/test_gdn_kernels.py checks the same configurations on the GPU
+VERIFY_SWEEP = [(d, bv, w, False) for d in (False, True) for bv, w in ((16, 1), (32, 2), (64, 4))]
+GLUON_SWEEP = [(False, bv, w, True) for bv, w in ((16, 1), (16, 2), (32, 2), (16, 4), (32, 4), (8, 2))]
 
 
 @triton.jit
@@ -68,15 +69,18 @@ def verify_rows(peak, sweep):
         num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV)
         o = torch.empty(B, T, HV, D, device=DEV, dtype=torch.bfloat16)
         nbytes = (1 + T) * B * HV * D * D * pool.element_size() + B * T * (C + 2 * HV + HV * D) * 2
-        # the default (token by token: width-invariant) and the opt-in chunk form, at their default launches
-        configs = [(False, None, None)] + ([(True, None, None)] if sdt == torch.float16 else [])
+        # the default (token by token: width-invariant; Gluon up to B 8), the Triton kernel where the default is
+        # Gluon, the opt-in chunk form, at their default launches
+        configs = [(False, None, None, None)] + ([(False, None, None, False)] if B <= 8 else [])
+        configs += [(True, None, None, None)] if sdt == torch.float16 else []
         configs += VERIFY_SWEEP if sweep and sdt == torch.float16 else []
-        for dot, bv, warps in configs:
-            name = "gdn_verify" + (("[chunk form]" if dot else "") if bv is None else
-                                   f"[{'dot' if dot else 'fma'},bv{bv},w{warps}]")
+        configs += GLUON_SWEEP if sweep and B <= 8 else []
+        for dot, bv, warps, gluon in configs:
+            name = "gdn_verify" + (("[chunk form]" if dot else "[triton]" if gluon is False else "") if bv is None
+                                   else f"[{'gluon' if gluon else 'dot' if dot else 'fma'},bv{bv},w{warps}]")
             timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
                       lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps,
-                                         proj_dot=dot),
+                                         proj_dot=dot, gluon=gluon),
                       nbytes, 8 * B * T * HV * D * D, peak, out)
         if B == 1 and sdt == torch.float16:
             floor_rows(nbytes, (B, HV, D // 16), peak, out)

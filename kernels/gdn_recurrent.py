@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu
+from kernels import gdn_recurrent_gluon as gdn_gluon
 from kernels.device import pdl_wait
 
 L2NORM_EPS = 1e-6
@@ -232,11 +233,12 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
 
 
 def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, out=None, block_v=None,
-               num_warps=None, proj_dot=False):
+               num_warps=None, proj_dot=False, gluon=None):
     """Gated DeltaNet update over T = 1..8 tokens per sequence with per-position state slots (module docstring).
     Returns o [B, T, Hv, dv]; `out` may be passed (CUDA graphs). block_v / num_warps override the defaults;
     proj_dot=True takes the chunk form (projections of the initial state on a tensor core: faster, not bitwise
-    equal to decoding the tokens one by one)."""
+    equal to decoding the tokens one by one). gluon: None = the launch table below, True / False = the Gluon
+    kernel (kernels/gdn_recurrent_gluon.py) / the Triton kernel whatever the width."""
     B, T, HK, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and a.shape == b.shape == (B, T, HV)
@@ -245,18 +247,28 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     assert state_slots.stride(-1) == 1 and HV % HK == 0
     o = torch.empty(B, T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
     proj_dot = bool(proj_dot)
-    # Launch table (H200, bench/kernels_gdn.py --sweep): 16-column tiles on one warp while that is at most one warp
-    # per scheduler (latency-bound: B = 1, 8.2 µs, against 9.5 / 10.6 on 32 / 2 and 64 / 4); beyond, the token-by-
-    # token scheme on an fp16 state takes 32-column tiles on 2 warps up to ~16 CTAs per SM (B = 8: 42.6 against
-    # 47.9 µs on 64 / 4; an fp32 state: 57.5 against 53.5) and 64 / 4 after that (B = 64: 373 against 440); the
-    # chunk form 64 / 4 (B = 8: 39.1 against 43.5 on 32 / 2), reloading k_t in the chain (226 -> 201 registers,
-    # 8-13% faster at B = 8 / 64).
+    # Launch table (H200, T = 5, bench/kernels_gdn.py --sweep). The token-by-token scheme runs as the Gluon kernel
+    # (kernels/gdn_recurrent_gluon.py) up to ~16 CTAs per SM on an fp16 state and at B = 1 on an fp32 one: 16
+    # columns on 2 warps at B = 1 (fp16: 6.2 µs against 8.2 for the Triton kernel's 16 / 1), 32 on 2 beyond (B = 2 /
+    # 4 / 8: 8.7 / 16.0 / 34.2 against 11.3 / 20.8 / 43.5; fp32 at B = 1: 6.8 against 8.4). Elsewhere the Triton
+    # kernel: 64 / 4 (B = 64: 373 µs against 440 on 32 / 2; an fp32 state at B = 8: 53.5 against 57.5); the chunk
+    # form 64 / 4 (B = 8: 39.1 against 43.5 on 32 / 2), reloading k_t in the chain (226 -> 201 registers, 8-13%
+    # faster at B = 8 / 64). Decode (T = 1) and verify at one width take the same kernel and launch, so the bitwise
+    # width invariance holds.
     sms = gpu.num_sms(v.device)
+    fp16 = state.element_size() == 2
     narrow = B * HV * triton.cdiv(DV, 16) <= 4 * sms
-    mid = (not narrow and not proj_dot and state.element_size() == 2
-           and B * HV * triton.cdiv(DV, 32) <= 16 * sms)
-    bv = block_v or min(16 if narrow else 32 if mid else 64, DV)
-    num_warps = num_warps or (1 if narrow else 2 if mid else 4)
+    mid = not narrow and fp16 and B * HV * triton.cdiv(DV, 32) <= 16 * sms
+    if gluon is None:
+        gluon = ((narrow or mid) and not proj_dot and block_v is None and num_warps is None and not gpu.INTERPRET
+                 and v.is_cuda and gpu.capability(v.device) >= (8, 0) and gdn_gluon.fits(DK, DV, min(32, DV), 2))
+    if gluon:
+        bv, num_warps = block_v or min(16 if narrow and fp16 else 32, DV), num_warps or 2
+        assert not proj_dot and gdn_gluon.fits(DK, DV, bv, num_warps)
+        gdn_gluon.launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, bv, num_warps)
+        return o
+    bv = block_v or min(64, DV)
+    num_warps = num_warps or 4
     assert DV % bv == 0
     # chunk form: 16-bit q, k and an fp16 state are exact in tf32: one tensor-core pass; otherwise three
     exact = q.dtype != torch.float32 and state.dtype == torch.float16

@@ -82,9 +82,10 @@ def launches():
     conv_dim = 2 * HK * DK + HV * DK
     for state_dtype in (torch.float16, torch.float32):
         qk = empty(B, T, HK, DK)
-        gdn_verify(qk, qk, empty(B, T, HV, DK), empty(B, T, HV), empty(B, T, HV), empty(HV, dtype=torch.float32),
-                   empty(HV, dtype=torch.float32), empty(B * T, HV, DK, DK, dtype=state_dtype),
-                   empty(B, T, dtype=torch.int32), rows)
+        for gluon in (False, True):
+            gdn_verify(qk, qk, empty(B, T, HV, DK), empty(B, T, HV), empty(B, T, HV), empty(HV, dtype=torch.float32),
+                       empty(HV, dtype=torch.float32), empty(B * T, HV, DK, DK, dtype=state_dtype),
+                       empty(B, T, dtype=torch.int32), rows, gluon=gluon)
     qk = empty(1, 256, HK, DK)
     gdn_prefill(qk, qk, empty(1, 256, HV, DK), empty(1, 256, HV), empty(1, 256, HV), empty(HV, dtype=torch.float32),
                 empty(HV, dtype=torch.float32), empty(2, HV, DK, DK, dtype=torch.float32), rows[:1], rows[:1])

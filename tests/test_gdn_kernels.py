@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule
 
-from bench.kernels_gdn import VERIFY_SWEEP
+from bench.kernels_gdn import GLUON_SWEEP, VERIFY_SWEEP
 from kernels.conv1d import causal_conv1d, causal_conv1d_reference
 from kernels.gdn_chunked import chunked_reference, gdn_prefill
 from kernels.gdn_recurrent import (gates_reference, gdn_verify, gdn_verify_reference, prepare_qk_reference,
@@ -232,20 +232,47 @@ def test_spec_rounds_match_full_sequence():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("proj_dot,block_v,num_warps", [(None, None, None)] + VERIFY_SWEEP)  # the benchmark's
-def test_gpu_verify_27b(proj_dot, block_v, num_warps, state_dtype):
+@pytest.mark.parametrize("B,proj_dot,block_v,num_warps,gluon",           # the defaults at B 1 (Gluon) and 3, and
+                         [(1, None, None, None, None), (3, None, None, None, None)]  # the benchmark's sweep
+                         + [(3, *c) for c in VERIFY_SWEEP + GLUON_SWEEP])
+def test_gpu_verify_27b(B, proj_dot, block_v, num_warps, gluon, state_dtype):
+    """Against the reference, with the slot scheme's edge cases: slots in reverse order, an accepted count of 0
+    and one past T (clamped), a padded sequence (negative slots: zero state, nothing written)."""
     if state_dtype == torch.float32 and block_v not in (None, 16):
         pytest.skip("fp32 state: the default launch and both schemes at 16 columns")
-    B, T, HV, HK, D = 3, 5, 48, 16, 128
-    q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, D, D, torch.bfloat16)
+    T, HV, HK, D = 5, 48, 16, 128
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, D, D, torch.bfloat16, seed=B)
     pool = torch.randn(B * T + 1, HV, D, D, device=DEV).to(state_dtype)
     slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T).flip(1).contiguous()
-    num_acc = torch.tensor([0, 3, 9], dtype=torch.int32, device=DEV)
+    num_acc = torch.tensor([0, 3, 9][:B], dtype=torch.int32, device=DEV)
+    if B == 3:
+        slots[2] = -1
     ref_pool = pool.clone()
     ref = gdn_verify_reference(q, k, v, a, b, A_log, dt_bias, ref_pool, slots, num_acc)
-    o = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc, block_v=block_v, num_warps=num_warps,
-                   proj_dot=proj_dot)
-    assert rel_err(o, ref) < 1e-2 and rel_err(pool, ref_pool) < (1e-3 if state_dtype == torch.float16 else 1e-5)
+    out = torch.full((B, T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+    gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc, out=out, block_v=block_v, num_warps=num_warps,
+               proj_dot=proj_dot, gluon=gluon)
+    assert rel_err(out, ref) < 1e-2 and rel_err(pool, ref_pool) < (1e-3 if state_dtype == torch.float16 else 1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_verify_width_invariant_27b():
+    """As test_verify_token_by_token_is_width_invariant at the 27B shape and B = 1, where gdn_verify takes the
+    Gluon kernel for the verify and for the decode steps alike."""
+    T, HV, HK, D = 5, 48, 16, 128
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(1, T, HV, HK, D, D, torch.bfloat16, seed=9)
+    init = torch.randn(1, HV, D, D, device=DEV).half()
+    pool = torch.zeros(T, HV, D, D, device=DEV, dtype=torch.float16)
+    pool[0] = init[0]
+    slots = torch.arange(T, dtype=torch.int32, device=DEV)[None]
+    one = torch.ones(1, dtype=torch.int32, device=DEV)
+    o5 = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, one)
+    step_pool = init.clone()
+    zero_slot = torch.zeros(1, 1, dtype=torch.int32, device=DEV)
+    for t in range(T):
+        o1 = gdn_verify(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], a[:, t:t + 1], b[:, t:t + 1], A_log, dt_bias,
+                        step_pool, zero_slot, one)
+        assert torch.equal(o1[:, 0], o5[:, t]) and torch.equal(step_pool[0], pool[t])
 
 
 @pytest.mark.gpu
