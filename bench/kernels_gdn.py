@@ -69,12 +69,12 @@ def verify_rows(peak, sweep):
         num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV)
         o = torch.empty(B, T, HV, D, device=DEV, dtype=torch.bfloat16)
         nbytes = (1 + T) * B * HV * D * D * pool.element_size() + B * T * (C + 2 * HV + HV * D) * 2
-        # the default (token by token: width-invariant; Gluon up to B 8), the Triton kernel where the default is
-        # Gluon, the opt-in chunk form, at their default launches
-        configs = [(False, None, None, None)] + ([(False, None, None, False)] if B <= 8 else [])
+        # the default (token by token, width-invariant: the Gluon kernel), the same scheme as the Triton kernel, the
+        # opt-in chunk form, at their default launches
+        configs = [(False, None, None, None), (False, None, None, False)]
         configs += [(True, None, None, None)] if sdt == torch.float16 else []
         configs += VERIFY_SWEEP if sweep and sdt == torch.float16 else []
-        configs += GLUON_SWEEP if sweep and B <= 8 else []
+        configs += GLUON_SWEEP if sweep else []
         for dot, bv, warps, gluon in configs:
             name = "gdn_verify" + (("[chunk form]" if dot else "[triton]" if gluon is False else "") if bv is None
                                    else f"[{'gluon' if gluon else 'dot' if dot else 'fma'},bv{bv},w{warps}]")

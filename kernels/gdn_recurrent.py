@@ -248,27 +248,28 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     o = torch.empty(B, T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
     proj_dot = bool(proj_dot)
     # Launch table (H200, T = 5, bench/kernels_gdn.py --sweep). The token-by-token scheme runs as the Gluon kernel
-    # (kernels/gdn_recurrent_gluon.py) up to ~16 CTAs per SM on an fp16 state and at B = 1 on an fp32 one: 16
-    # columns on 2 warps at B = 1 (fp16: 6.2 µs against 8.2 for the Triton kernel's 16 / 1), 32 on 2 beyond (B = 2 /
-    # 4 / 8: 8.7 / 16.0 / 34.2 against 11.3 / 20.8 / 43.5; fp32 at B = 1: 6.8 against 8.4). Elsewhere the Triton
-    # kernel: 64 / 4 (B = 64: 373 µs against 440 on 32 / 2; an fp32 state at B = 8: 53.5 against 57.5); the chunk
-    # form 64 / 4 (B = 8: 39.1 against 43.5 on 32 / 2), reloading k_t in the chain (226 -> 201 registers, 8-13%
-    # faster at B = 8 / 64). Decode (T = 1) and verify at one width take the same kernel and launch, so the bitwise
-    # width invariance holds.
+    # (kernels/gdn_recurrent_gluon.py) wherever a GPU runs it: 16 columns on 2 warps at B = 1 on an fp16 state
+    # (6.2 µs against 8.2 for the Triton kernel's best, 16 / 1), 32 on 2 otherwise (fp16, B = 2 / 8 / 16 / 64: 8.7 /
+    # 34.2 / 87.1 / 369 against 11.3 / 43.5 / 98.2 / 376; fp32, B = 1 / 8 / 64: 6.8 / 50.1 / 408 against 8.4 / 53.7 /
+    # 425). The Triton kernel (the interpreter, gluon=False, the chunk form): 16 columns on one warp while that is
+    # at most one warp per scheduler, then on an fp16 state 32 / 2 up to ~16 CTAs per SM (B = 8: 42.6 against 47.9
+    # on 64 / 4), else 64 / 4 (B = 64: 373 against 440); the chunk form 64 / 4 (B = 8: 39.1 against 43.5 on 32 / 2),
+    # reloading k_t in the chain (226 -> 201 registers, 8-13% faster at B = 8 / 64). Decode (T = 1) and verify at
+    # one width take the same kernel and launch, so the bitwise width invariance holds.
     sms = gpu.num_sms(v.device)
     fp16 = state.element_size() == 2
     narrow = B * HV * triton.cdiv(DV, 16) <= 4 * sms
-    mid = not narrow and fp16 and B * HV * triton.cdiv(DV, 32) <= 16 * sms
     if gluon is None:
-        gluon = ((narrow or mid) and not proj_dot and block_v is None and num_warps is None and not gpu.INTERPRET
-                 and v.is_cuda and gpu.capability(v.device) >= (8, 0) and gdn_gluon.fits(DK, DV, min(32, DV), 2))
+        gluon = (not proj_dot and block_v is None and num_warps is None and not gpu.INTERPRET and v.is_cuda
+                 and gpu.capability(v.device) >= (8, 0) and gdn_gluon.fits(DK, DV, min(32, DV), 2))
     if gluon:
         bv, num_warps = block_v or min(16 if narrow and fp16 else 32, DV), num_warps or 2
         assert not proj_dot and gdn_gluon.fits(DK, DV, bv, num_warps)
         gdn_gluon.launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, bv, num_warps)
         return o
-    bv = block_v or min(64, DV)
-    num_warps = num_warps or 4
+    mid = not narrow and not proj_dot and fp16 and B * HV * triton.cdiv(DV, 32) <= 16 * sms
+    bv = block_v or min(16 if narrow else 32 if mid else 64, DV)
+    num_warps = num_warps or (1 if narrow else 2 if mid else 4)
     assert DV % bv == 0
     # chunk form: 16-bit q, k and an fp16 state are exact in tf32: one tensor-core pass; otherwise three
     exact = q.dtype != torch.float32 and state.dtype == torch.float16
