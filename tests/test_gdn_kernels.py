@@ -97,12 +97,11 @@ def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype, proj_dot):
     assert torch.equal(pool[untouched.to(DEV)], ref_pool[untouched.to(DEV)])
 
 
-@pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
-def test_verify_token_by_token_is_width_invariant(state_dtype):
-    """The token-by-token scheme: T = 5 in one launch gives bitwise the outputs and states of five T = 1 steps
-    (each step reloads the state it stored), so greedy decoding with drafting can equal decoding without."""
-    HV, HK, D, T = 4, 2, 16, 5
-    q, k, v, a, b, A_log, dt_bias = gdn_inputs(1, T, HV, HK, D, D, torch.bfloat16, seed=5)
+def assert_width_invariant(HV, HK, D, state_dtype, seed):
+    """T = 5 in one gdn_verify launch gives bitwise the outputs and states of five T = 1 steps (each step reloads
+    the state it stored)."""
+    T = 5
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(1, T, HV, HK, D, D, torch.bfloat16, seed=seed)
     init = torch.randn(1, HV, D, D, device=DEV).to(state_dtype)
     pool = torch.zeros(T, HV, D, D, device=DEV, dtype=state_dtype)
     pool[0] = init[0]                                   # slot 0: the initial state, then the state after token 0
@@ -115,6 +114,13 @@ def test_verify_token_by_token_is_width_invariant(state_dtype):
         o1 = gdn_verify(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], a[:, t:t + 1], b[:, t:t + 1], A_log, dt_bias,
                         step_pool, zero_slot, one, proj_dot=False)
         assert torch.equal(o1[:, 0], o5[:, t]) and torch.equal(step_pool[0], pool[t])
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
+def test_verify_token_by_token_is_width_invariant(state_dtype):
+    """The token-by-token scheme is width-invariant (assert_width_invariant), so greedy decoding with drafting can
+    equal decoding without."""
+    assert_width_invariant(4, 2, 16, state_dtype, seed=5)
 
 
 def test_verify_strided_inputs_and_decode_steps():
@@ -259,20 +265,7 @@ def test_gpu_verify_27b(B, proj_dot, block_v, num_warps, gluon, state_dtype):
 def test_gpu_verify_width_invariant_27b():
     """As test_verify_token_by_token_is_width_invariant at the 27B shape and B = 1, where gdn_verify takes the
     Gluon kernel for the verify and for the decode steps alike."""
-    T, HV, HK, D = 5, 48, 16, 128
-    q, k, v, a, b, A_log, dt_bias = gdn_inputs(1, T, HV, HK, D, D, torch.bfloat16, seed=9)
-    init = torch.randn(1, HV, D, D, device=DEV).half()
-    pool = torch.zeros(T, HV, D, D, device=DEV, dtype=torch.float16)
-    pool[0] = init[0]
-    slots = torch.arange(T, dtype=torch.int32, device=DEV)[None]
-    one = torch.ones(1, dtype=torch.int32, device=DEV)
-    o5 = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, one)
-    step_pool = init.clone()
-    zero_slot = torch.zeros(1, 1, dtype=torch.int32, device=DEV)
-    for t in range(T):
-        o1 = gdn_verify(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], a[:, t:t + 1], b[:, t:t + 1], A_log, dt_bias,
-                        step_pool, zero_slot, one)
-        assert torch.equal(o1[:, 0], o5[:, t]) and torch.equal(step_pool[0], pool[t])
+    assert_width_invariant(48, 16, 128, torch.float16, seed=9)
 
 
 @pytest.mark.gpu
