@@ -126,7 +126,7 @@ def run(peak_Bps: float) -> list:
 
 
 def _gemv_str(p: dict) -> str:
-    return f"gemv {p['block_n']}x{p['warps']}w st{p['stages']} p{p['programs']}"
+    return f"gemv {p['block_n']}x{p['warps']}w st{p['stages']} p{p['programs']}" + (" marks" if p["marks"] else "")
 
 
 def _wgmma_str(p: dict) -> str:

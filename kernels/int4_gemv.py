@@ -14,17 +14,21 @@ and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran
   fragment's k pair 2t, 2t+1 of the chunk's 8-wide slice p).
 * Exact codes in the mma (offset by 128, the offset removed through a ones-operand mma of x: one subtract per
   pair of weights less), the group's partial sum scaled once per group in fp32 (like int4_linear's GEMV form) and
-  added across groups in fp64: exact (below), so a token's output does not depend on how K is cut into ranges —
-  the same bits whatever the row bucket's launch (decoded alone, or among up to 16 rows of a verify step) —
-  for 1-5% of speed.
-* The next groups' words and activations are in flight in the ring (no registers hold them: 8 CTAs of 2 warps
-  fit an SM's registers; with the words prefetched into registers the kernel measured 0.60 instead of 0.63 of the
-  copy bandwidth at M = 1); the scales are loaded one group ahead into registers. On sm_90 the launch is a
-  programmatic dependent launch: the first groups' weights stream while the previous kernel finishes.
+  added across groups in int64 fixed point (FRAC): order-independent, so a token's output does not depend on how
+  K is cut into ranges — the same bits whatever the row bucket's launch (decoded alone, or among up to 16 rows of
+  a verify step).
+* The next groups' words, scales and activations are in flight in the ring (no registers hold them: 8 CTAs of 2
+  warps fit an SM's registers; with the words prefetched into registers the kernel measured 0.60 instead of 0.63
+  of the copy bandwidth at M = 1). The scales loaded into registers one group ahead instead were 3-5% slower at
+  M = 1-12 (H200): under a saturated bus a load's latency exceeds a group's time (at 16 rows the ring is ~2%
+  slower). On sm_90 the launch is a programmatic dependent launch: the first groups' weights stream while the
+  previous kernel finishes.
 * Stream-K: the (column tile, K group) work units are cut into one equal range per resident CTA, so every SM
   streams the same bytes (with one split-K count per shape, CTA counts that are no multiple of the SMs left
-  up to 21% of the SMs idle at the end; ncu, 34816x5120). A tile shared by programs is summed in an fp64
-  workspace (order-independent: deterministic).
+  up to 21% of the SMs idle at the end; ncu, 34816x5120). A tile shared by programs is summed by integer
+  atomics: at 1-8 rows in a workspace that carries each element's arrival count (flush_marked: the last add of
+  an element returns its total, so no program waits for the others; 3-12% faster than flush_tile's counter),
+  at 9-16 rows through flush_tile.
 Measured on the H200 (bench/results/kernels-h200.md; the small shapes pay the launch's fixed latency: their copy
 floor is 0.72-0.90). Against the GPTQ layout (words copied as 16 rows of the group, read back 4 bytes at a time
 through a swizzle, activations permuted in registers, fp32 sums, one launch for 1-8 rows): M = 1 1-8% and M = 5
@@ -49,6 +53,15 @@ from kernels.splitk import workspace
 from layers.quant import Int4Weight
 
 MAX_ROWS = 16
+# Sums in fixed point: each group's fp32 partial times 2^FRAC, added in int64 — exact for partials of magnitude
+# ≥ 2^-9 (smaller ones lose what lies below 2^-32), and the same whatever order they are added in; a tile shared by
+# programs must stay below 2^24 in magnitude (the arrival count sits above it, in the top bits of the word).
+FRAC = 32
+ONE = gl.constexpr(2.0 ** FRAC)
+UNIT = gl.constexpr(2.0 ** -FRAC)
+COUNT = gl.constexpr(57)
+ARRIVAL = gl.constexpr(1 << 57)
+MAX_SHARING = 31            # programs per tile: the workspace's arrival count (2^57 each) stays below 2^62
 
 
 def exact_log2(v: int) -> int:
@@ -136,35 +149,27 @@ def _unit(u, n_groups, BN: gl.constexpr):
 
 
 @gluon.jit
-def _copy_unit(w_stage, x_stage, c_ptrs, cr, ct, cb, x_ptrs, x_ok, u, n_groups, N, BN: gl.constexpr,
-               EVEN_N: gl.constexpr, WORDS: gl.constexpr, ACTS: gl.constexpr):
-    """Unit u's words [BN, 4, 4] (BN·64 contiguous bytes; WORDS) and/or activations [BT, 128] (ACTS) into a ring
-    stage (cp.async, 16 bytes per thread and copy)."""
+def _copy_unit(w_stage, s_stage, x_stage, c_ptrs, cr, ct, cb, s_ptrs, sp, x_ptrs, x_ok, u, n_groups, N,
+               BN: gl.constexpr, EVEN_N: gl.constexpr, WORDS: gl.constexpr, ACTS: gl.constexpr):
+    """Unit u's words [BN, 4, 4] (BN·64 contiguous bytes) and scales (BN/2 int32 pairs; WORDS) and/or activations
+    [BT, 128] (ACTS) into a ring stage (cp.async, 16 or 4 bytes per thread and copy)."""
     n0, g = _unit(u, n_groups, BN)
     if WORDS:
+        s_ok = n0 + 2 * sp < N
         if EVEN_N:
             async_copy.async_copy_global_to_shared(w_stage, c_ptrs + (g * N + n0) * 16)
         else:
             async_copy.async_copy_global_to_shared(w_stage, c_ptrs + (g * N + n0) * 16,
                                                    mask=(n0 + cr < N) & (ct < 4) & (cb < 4))
+        async_copy.async_copy_global_to_shared(s_stage, s_ptrs + (g * N + n0) // 2, mask=s_ok)
     if ACTS:
         async_copy.async_copy_global_to_shared(x_stage, x_ptrs + g * 128, mask=x_ok)
 
 
 @gluon.jit
-def _load_scales(s_ptrs, sr, u, n_groups, N, BN: gl.constexpr, EVEN_N: gl.constexpr):
-    """Unit u's scales [BN]."""
-    n0, g = _unit(u, n_groups, BN)
-    if EVEN_N:
-        return gl.load(s_ptrs + g * N + n0)
-    else:
-        return gl.load(s_ptrs + g * N + n0, mask=n0 + sr < N, other=0)
-
-
-@gluon.jit
 def _group_product(q, x_stage, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: gl.constexpr, BASE: gl.constexpr,
                    mma: gl.constexpr, a_op: gl.constexpr, b_op: gl.constexpr):
-    """acc [BN, BT] (fp64) += one group, scaled per row in fp32:
+    """acc [BN, BT] (int64 fixed point) += one group, scaled per row in fp32:
     Σ (code − 8)·x = Σ (BASE + code − 8)·x − BASE·Σx, the codes entering the mma as BASE + q and Σx coming from a
     ones operand (a subtract per pair of weights saved)."""
     part = gl.zeros([BN, BT], gl.float32, mma)
@@ -173,7 +178,16 @@ def _group_product(q, x_stage, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: g
         xb = x_stage.slice(32 * b, 32, dim=1).permute((1, 0)).load(b_op)        # [32, BT]: ldmatrix
         part = mma_v2(_chunk_weights(q, b, BN, DT, a_op), xb, part)
         xsum = mma_v2(gl.full([BN, 32], 1.0, DT, a_op), xb, xsum)
-    return acc + ((part - BASE * xsum) * gl.expand_dims(s.to(gl.float32), 1)).to(gl.float64)
+    return acc + (((part - BASE * xsum) * gl.expand_dims(s.to(gl.float32), 1)) * ONE).to(gl.int64)
+
+
+@gluon.jit
+def _to_out(v, out_ptr):
+    """A sum (fp32 or fp64, or int64 fixed point) in the output's dtype."""
+    if v.dtype == gl.int64:
+        return (v.to(gl.float64) * UNIT).to(out_ptr.dtype.element_ty)
+    else:
+        return v.to(out_ptr.dtype.element_ty)
 
 
 @gluon.jit
@@ -181,38 +195,71 @@ def flush_tile(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stri
                BT: gl.constexpr, mma: gl.constexpr):
     """The tile's sum over `groups` of its n_groups groups: stored when that is all of them, else added into the
     workspace, and stored by the program whose groups complete the tile's count (as kernels/splitk.store_tile).
-    The workspace adds in fp64: a sum of fp32 partials whose magnitudes lie within 2^24 of each other is exact
-    there, so the order the programs arrive in does not change the bits (fp32 atomics made every call's output a
-    little random). acc may be fp32 or fp64."""
+    acc is fp64 or int64 fixed point (or fp32, added in fp64): a sum of fp32 partials whose magnitudes lie within
+    2^24 of each other is exact in fp64, so the order the programs arrive in does not change the bits (fp32
+    atomics made every call's output a little random)."""
     cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
     mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0)
     out = out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1)
     if groups == n_groups:
-        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        gl.store(out, _to_out(acc, out_ptr), mask=mask)
     else:
-        ws64 = ws_ptr.to(gl.pointer_type(gl.float64), bitcast=True)
-        ws = ws64 + gl.expand_dims(tok, 0) * N + gl.expand_dims(cols, 1)
-        gl.atomic_add(ws, acc.to(gl.float64), mask=mask, sem="relaxed")
+        total_ty: gl.constexpr = gl.int64 if acc.dtype == gl.int64 else gl.float64
+        ws = ws_ptr.to(gl.pointer_type(total_ty), bitcast=True) + gl.expand_dims(tok, 0) * N + gl.expand_dims(cols, 1)
+        gl.atomic_add(ws, acc.to(total_ty), mask=mask, sem="relaxed")
         gl.thread_barrier()
         arrived = gl.atomic_add(cnt_ptr + tile, groups, sem="acq_rel")
         if arrived + groups == n_groups:
             ws_bits = ws.to(gl.pointer_type(gl.int64), bitcast=True)
             total = gl.atomic_xchg(ws_bits, gl.zeros([BN, BT], gl.int64, mma), mask=mask, sem="relaxed")
-            gl.store(out, total.to(gl.float64, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
+            gl.store(out, _to_out(total.to(total_ty, bitcast=True), out_ptr), mask=mask)
             gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
+
+
+@gluon.jit
+def _prog_of(u, P, units):
+    """The program whose range holds work unit u (ranges as the kernel cuts them)."""
+    return ((u + 1) * P - 1) // units
+
+
+@gluon.jit
+def flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om, BN: gl.constexpr,
+                 BT: gl.constexpr, mma: gl.constexpr):
+    """As flush_tile for an int64 fixed-point acc, without its counter: a tile no other program shares is stored;
+    else acc is added into the workspace with an arrival mark (2^COUNT) per program, and the add that brings an
+    element's count to the tile's number of programs returns its total: that thread stores it and zeroes the
+    element for the next launch. No fence, barrier or counter round trips (flush_tile's cost 2-3 µs per launch
+    at 1-8 rows on the H200); but every add returns a value: at 16 rows flush_tile is faster."""
+    cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+    mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0)
+    out = out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1)
+    first = _prog_of(tile * n_groups, P, units)
+    programs = _prog_of((tile + 1) * n_groups - 1, P, units) - first + 1
+    if programs == 1:
+        gl.store(out, _to_out(acc, out_ptr), mask=mask)
+    else:
+        ws = ws_ptr.to(gl.pointer_type(gl.int64), bitcast=True) + gl.expand_dims(tok, 0) * N + gl.expand_dims(cols, 1)
+        mine = acc + ARRIVAL
+        total = gl.atomic_add(ws, mine, mask=mask, sem="relaxed") + mine
+        arrived = programs.to(gl.int64)
+        last = mask & ((total + ARRIVAL // 2) >> COUNT == arrived)      # |sum| < 2^(COUNT - 1) in fixed point
+        gl.store(out, _to_out(total - arrived * ARRIVAL, out_ptr), mask=last)
+        gl.store(ws, gl.zeros([BN, BT], gl.int64, mma), mask=last)
 
 
 @gluon.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_om,
                       w_layout: gl.constexpr, c_layout: gl.constexpr, ring_layout: gl.constexpr,
                       x_copy: gl.constexpr, x_ring_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-                      W: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, PDL: gl.constexpr):
+                      W: gl.constexpr, STAGES: gl.constexpr, SP: gl.constexpr, MARKS: gl.constexpr,
+                      EVEN_N: gl.constexpr, PDL: gl.constexpr):
     # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/128, N, 16], s [K/128, N], out [M, N] (any float dtype);
-    # ws fp32 [2·M·N] (used as fp64 [M, N]) and cnt int32 [tiles] zeroed (kernels/splitk.py). Grid (P,): the
+    # ws fp32 [2·M·N] (used as int64 [M, N]) and cnt int32 [tiles] zeroed (kernels/splitk.py). Grid (P,): the
     # tiles · K/128 work units (tile, group), tile-major, are cut into P equal contiguous ranges, one per program
     # ("stream-K"): every SM streams the same number of groups; a tile split between programs is summed through
-    # the workspace.
+    # the workspace (flush_marked, or flush_tile and its counters).
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
@@ -232,46 +279,53 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_copy))
     x_ok = gl.expand_dims(xt < M, 1) & gl.expand_dims(xk < 128, 0)
     x_ptrs = x_ptr + gl.expand_dims(xt, 1).to(gl.int64) * stride_xm + gl.expand_dims(xk, 0)
-    sr = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    s_ptrs = s_ptr + sr
+    # the scales as SP = BN/2 int32 pairs (with fewer pairs than threads, several threads copy the same pair)
+    s_copy: gl.constexpr = gl.BlockedLayout([max(1, SP // (32 * W))], [32], [W], [0])
+    sp = gl.arange(0, SP, layout=s_copy)
+    s_ptrs = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + sp
 
-    # The words and activations stream through a ring of STAGES groups in shared memory (cp.async: no registers
-    # hold bytes in flight, so STAGES - 1 groups per CTA are); the scales, small, one group ahead in registers.
-    # The prefetch past the range's end reloads its last unit (no predicates).
+    # The words, scales and activations stream through a ring of STAGES groups in shared memory (cp.async: no
+    # registers hold bytes in flight, so STAGES - 1 groups per CTA are). The prefetch past the range's end reloads
+    # its last unit (no predicates).
     ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 4, 4], ring_layout)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])   # of one stage
+    s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, 2 * SP], flat)
+    s_ring32 = s_ring._reinterpret(gl.int32, [STAGES, SP], flat)
     x_ring = gl.allocate_shared_memory(DT, [STAGES, BT, 128], x_ring_layout)
     if PDL:
         # Programmatic dependent launch (sm_90): let the next kernel's CTAs start as ours retire; the weights
         # (constants) stream while the previous kernel finishes, which may write x: wait before reading it.
         gdc_launch_dependents()
     for j in gl.static_range(STAGES - 1):
-        _copy_unit(ring.index(j), x_ring.index(j), c_ptrs, cr, ct, cb, x_ptrs, x_ok, gl.minimum(u_lo + j, u_hi - 1),
-                   n_groups, N, BN, EVEN_N, True, False)
+        _copy_unit(ring.index(j), s_ring32.index(j), x_ring.index(j), c_ptrs, cr, ct, cb, s_ptrs, sp, x_ptrs, x_ok,
+                   gl.minimum(u_lo + j, u_hi - 1), n_groups, N, BN, EVEN_N, True, False)
     if PDL:
         gdc_wait()
     for j in gl.static_range(STAGES - 1):
-        _copy_unit(ring.index(j), x_ring.index(j), c_ptrs, cr, ct, cb, x_ptrs, x_ok, gl.minimum(u_lo + j, u_hi - 1),
-                   n_groups, N, BN, EVEN_N, False, True)
+        _copy_unit(ring.index(j), s_ring32.index(j), x_ring.index(j), c_ptrs, cr, ct, cb, s_ptrs, sp, x_ptrs, x_ok,
+                   gl.minimum(u_lo + j, u_hi - 1), n_groups, N, BN, EVEN_N, False, True)
         async_copy.commit_group()
-    s_next = _load_scales(s_ptrs, sr, u_lo, n_groups, N, BN, EVEN_N)
-    acc = gl.zeros([BN, BT], gl.float64, mma)
+    acc = gl.zeros([BN, BT], gl.int64, mma)
     for u in range(u_lo, u_hi):
         i = u - u_lo
         async_copy.wait_group(STAGES - 2)          # this thread's copies of unit u have landed
         gl.thread_barrier()                         # everyone's have; everyone has read unit u - 1's stage
         nxt = (i + STAGES - 1) % STAGES
-        _copy_unit(ring.index(nxt), x_ring.index(nxt), c_ptrs, cr, ct, cb, x_ptrs, x_ok,
-                   gl.minimum(u + STAGES - 1, u_hi - 1), n_groups, N, BN, EVEN_N, True, True)
+        _copy_unit(ring.index(nxt), s_ring32.index(nxt), x_ring.index(nxt), c_ptrs, cr, ct, cb, s_ptrs, sp, x_ptrs,
+                   x_ok, gl.minimum(u + STAGES - 1, u_hi - 1), n_groups, N, BN, EVEN_N, True, True)
         async_copy.commit_group()
         q = ring.index(i % STAGES).load(w_layout)
-        s = s_next
-        s_next = _load_scales(s_ptrs, sr, gl.minimum(u + 1, u_hi - 1), n_groups, N, BN, EVEN_N)
+        s = s_ring.index(i % STAGES).slice(0, BN).load(gl.SliceLayout(1, mma))
         acc = _group_product(q, x_ring.index(i % STAGES), s, acc, BN, BT, DT, BASE, mma, a_op, b_op)
         if (u + 1 == u_hi) | ((u + 1) % n_groups == 0):            # the tile's last group, or the range's
             tile = u // n_groups
-            flush_tile(acc, tile, u + 1 - gl.maximum(u_lo, tile * n_groups), n_groups, out_ptr, ws_ptr, cnt_ptr,
-                       M, N, stride_om, BN, BT, mma)
-            acc = gl.zeros([BN, BT], gl.float64, mma)
+            if MARKS:
+                flush_marked(acc, tile, n_groups, gl.num_programs(0), units, out_ptr, ws_ptr, M, N, stride_om, BN, BT,
+                             mma)
+            else:
+                flush_tile(acc, tile, u + 1 - gl.maximum(u_lo, tile * n_groups), n_groups, out_ptr, ws_ptr, cnt_ptr,
+                           M, N, stride_om, BN, BT, mma)
+            acc = gl.zeros([BN, BT], gl.int64, mma)
     async_copy.wait_group(0)
 
 
@@ -282,11 +336,11 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # (bench/kernels_int4.py --sweep): M = 1 8 CTAs per SM (6: 10-20% slower); M = 2-8 6 (170 registers: none spill)
 # by 1-15% over 8 (128: a few spill, and more programs flush more partial tiles; out_proj 8.95 against 10.47 us at
 # M = 5); M = 9-16 128 columns on 4 warps, 4 per SM (half the accumulator per thread) 1.4-1.6x faster than on 2
-# warps, 6 per SM. 2 stages beat 3 throughout. (The sums are in fp64, so the buckets' different K ranges give
-# every token the same bits.)
-ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8)),
-               (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6)),
-               (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4)))
+# warps, 6 per SM. 2 stages beat 3 throughout. (The sums are in fixed point, so the buckets' different K ranges
+# give every token the same bits.)
+ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True)),
+               (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
+               (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, marks=False)))
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
@@ -301,31 +355,35 @@ def pick(m: int, n: int, k: int, device, **override) -> dict:
     (at most one per work unit)."""
     p = dict(next(p for bound, p in ROW_BUCKETS if m <= bound), **override)
     bt = token_tile(m)
-    ring_bytes = p["stages"] * (p["block_n"] * 64 + bt * 256) + 1024   # + the 1 KiB the GPU reserves per CTA
+    stage = p["block_n"] * 66 + bt * 256                               # words, scales, activations
+    ring_bytes = p["stages"] * stage + 1024                           # + the 1 KiB the GPU reserves per CTA
     p["ctas_per_sm"] = min(p["ctas_per_sm"], gpu.smem_per_sm(device) // ring_bytes)
-    p.setdefault("programs", min(triton.cdiv(n, p["block_n"]) * (k // 128), p["ctas_per_sm"] * gpu.num_sms(device)))
+    tiles = triton.cdiv(n, p["block_n"])
+    p.setdefault("programs", min(tiles * (k // 128), p["ctas_per_sm"] * gpu.num_sms(device), tiles * (MAX_SHARING - 1)))
     return p
 
 
 def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = None, warps: int = None,
-              programs: int = None, stages: int = None, ctas_per_sm: int = None) -> torch.Tensor:
-    """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype); launch parameters default to pick()."""
+              programs: int = None, stages: int = None, ctas_per_sm: int = None, marks: bool = None) -> torch.Tensor:
+    """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype); launch parameters default to pick()
+    (marks: flush_marked, else flush_tile)."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     out2 = out.view(-1, n)
     assert m <= MAX_ROWS and x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
     given = {key: v for key, v in dict(block_n=block_n, warps=warps, programs=programs, stages=stages,
-                                       ctas_per_sm=ctas_per_sm).items() if v is not None}
+                                       ctas_per_sm=ctas_per_sm, marks=marks).items() if v is not None}
     p = pick(m, n, k, x.device, **given)
     pdl = gpu.pdl(x.device)
     bt = token_tile(m)
-    ws, cnt = workspace(x.device, 2 * m * n, triton.cdiv(n, p["block_n"]))      # fp64 [M, N]
+    assert -(-p["programs"] // triton.cdiv(n, p["block_n"])) < MAX_SHARING, "too many programs per column tile"
+    ws, cnt = workspace(x.device, 2 * m * n, triton.cdiv(n, p["block_n"]))      # int64 [M, N]
     w_layout = layouts(p["block_n"], p["warps"])
     c_layout, ring_layout, x_copy, x_ring_layout = ring_layouts(p["warps"])
     _int4_gemv_kernel[(p["programs"],)](
         x2, w.qweight, w.scales, out2, ws, cnt, m, n, k, x2.stride(0), out2.stride(0),
         w_layout, c_layout, ring_layout, x_copy, x_ring_layout, p["block_n"], bt, p["warps"], p["stages"],
-        n % p["block_n"] == 0, pdl,
+        p["block_n"] // 2, p["marks"], n % p["block_n"] == 0, pdl,
         num_warps=p["warps"], launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * p["warps"] * 32))
     return out

@@ -17,7 +17,8 @@ side), and per group of 128 k:
   keeps the compiler from reusing them for the next group's weights (the H200 gave wrong sums); two CTAs per SM
   overlap one's unpacking with the other's mma instead. (A through shared memory allowed overlap within a CTA
   but was slower: the tile's stores and reads cost more shared-memory bandwidth than the overlap won.)
-* Split-K where the output tiles alone leave SMs idle, summed through int4_gemv's fp64 workspace (deterministic).
+* Split-K where the output tiles alone leave SMs idle, summed in fp64 in the split-K workspace (flush_tile:
+  deterministic).
   The launch caps the registers (maxnreg) so that two CTAs fit an SM with the split's fp64 epilogue too (it
   spills a few registers there, after the loop): at 159 registers one CTA per SM ran 256 CTAs in two waves.
   On sm_90 the launch is a programmatic dependent launch whose first weights stream before the previous kernel

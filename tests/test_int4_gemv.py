@@ -20,7 +20,8 @@ def case(m, n, k, xdt, sdt, seed):
 
 # M across both token widths (8, 16), N an odd multiple of 8 (ragged last tile), K odd numbers of groups; the
 # programs cut the tiles' groups into ranges that end inside tiles, span several, or take one group or tile each;
-# rings of 2 (the default), 3 and 4 stages
+# rings of 2 (the default), 3 and 4 stages; both reductions of shared tiles
+@pytest.mark.parametrize("marks", [True, False])
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg", [
     (1, 40, 128, torch.bfloat16, torch.float16, dict(block_n=64, warps=2, programs=1)),
     (3, 136, 384, torch.bfloat16, torch.bfloat16, dict(block_n=32, warps=2, programs=4)),
@@ -29,14 +30,26 @@ def case(m, n, k, xdt, sdt, seed):
     (9, 136, 384, torch.float16, torch.bfloat16, dict(block_n=64, warps=4, programs=9)),
     (16, 520, 896, torch.bfloat16, torch.float16, dict(block_n=128, warps=2, programs=3)),
 ])
-def test_int4_gemv(m, n, k, xdt, sdt, cfg):
+def test_int4_gemv(m, n, k, xdt, sdt, cfg, marks):
     x, w, ref = case(m, n, k, xdt, sdt, m * 1000 + n + k)
     out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")      # poisoned
-    int4_gemv(x, w, out, **cfg)
+    int4_gemv(x, w, out, marks=marks, **cfg)
     assert not out.isnan().any()
-    assert rel_err(out, ref) < 1e-3, rel_err(out, ref)                   # exact codes, fp64 sums, x rounded only
+    assert rel_err(out, ref) < 1e-3, rel_err(out, ref)                   # exact codes and sums, x rounded only
     ws, cnt = workspace(x.device, 1, 1)
     assert not ws.any() and not cnt.any()                                # split tiles leave the workspace zeroed
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_int4_gemv_large_outputs(m):
+    """Outputs near 10^5 (the fixed-point sums hold up to 2^24 where programs share a tile) with both reductions."""
+    x, w, ref = case(m, 5120, 17408, torch.bfloat16, torch.float16, 7)
+    x, ref = x * 512, ref * 512
+    assert ref.abs().max() > 3e4
+    for marks in (True, False):
+        out = torch.empty(m, 5120, dtype=torch.float32, device="cuda")
+        int4_gemv(x, w, out, marks=marks)
+        assert rel_err(out, ref) < 1e-3, (marks, rel_err(out, ref))
 
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)
