@@ -27,8 +27,8 @@ and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran
   streams the same bytes (with one split-K count per shape, CTA counts that are no multiple of the SMs left
   up to 21% of the SMs idle at the end; ncu, 34816x5120). A tile shared by programs is summed by integer
   atomics: at 1-8 rows in a workspace that carries each element's arrival count (flush_marked: the last add of
-  an element returns its total, so no program waits for the others; 3-12% faster than flush_tile's counter),
-  at 9-16 rows through flush_tile.
+  an element returns its total, so no program waits for the others; with the scales' ring it took 3-15% off
+  the time at 1-8 rows against flush_tile's counter), at 9-16 rows through flush_tile.
 Measured on the H200 (bench/results/kernels-h200.md; the small shapes pay the launch's fixed latency: their copy
 floor is 0.72-0.90). Against the GPTQ layout (words copied as 16 rows of the group, read back 4 bytes at a time
 through a swizzle, activations permuted in registers, fp32 sums, one launch for 1-8 rows): M = 1 1-8% and M = 5
