@@ -60,7 +60,7 @@ FRAC = 32
 ONE = gl.constexpr(2.0 ** FRAC)
 UNIT = gl.constexpr(2.0 ** -FRAC)
 COUNT = gl.constexpr(57)
-ARRIVAL = gl.constexpr(1 << 57)
+ARRIVAL = gl.constexpr(1 << COUNT.value)
 MAX_SHARING = 31            # programs per tile: the workspace's arrival count (2^57 each) stays below 2^62
 
 
@@ -191,6 +191,21 @@ def _to_out(v, out_ptr):
 
 
 @gluon.jit
+def _tile_ptrs(tile, out_ptr, M, N, stride_om, BN: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
+    """A column tile's [BN, BT] elements (mma layout): (in-bounds mask, output pointers, columns, tokens)."""
+    cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+    mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0)
+    return mask, out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1), cols, tok
+
+
+@gluon.jit
+def _ws_ptrs(ws_ptr, dtype: gl.constexpr, cols, tok, N):
+    """The tile's elements in the workspace, viewed as dtype [M, N]."""
+    return ws_ptr.to(gl.pointer_type(dtype), bitcast=True) + gl.expand_dims(tok, 0) * N + gl.expand_dims(cols, 1)
+
+
+@gluon.jit
 def flush_tile(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stride_om, BN: gl.constexpr,
                BT: gl.constexpr, mma: gl.constexpr):
     """The tile's sum over `groups` of its n_groups groups: stored when that is all of them, else added into the
@@ -198,15 +213,12 @@ def flush_tile(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stri
     acc is fp64 or int64 fixed point (or fp32, added in fp64): a sum of fp32 partials whose magnitudes lie within
     2^24 of each other is exact in fp64, so the order the programs arrive in does not change the bits (fp32
     atomics made every call's output a little random)."""
-    cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-    mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0)
-    out = out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1)
+    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma)
     if groups == n_groups:
         gl.store(out, _to_out(acc, out_ptr), mask=mask)
     else:
         total_ty: gl.constexpr = gl.int64 if acc.dtype == gl.int64 else gl.float64
-        ws = ws_ptr.to(gl.pointer_type(total_ty), bitcast=True) + gl.expand_dims(tok, 0) * N + gl.expand_dims(cols, 1)
+        ws = _ws_ptrs(ws_ptr, total_ty, cols, tok, N)
         gl.atomic_add(ws, acc.to(total_ty), mask=mask, sem="relaxed")
         gl.thread_barrier()
         arrived = gl.atomic_add(cnt_ptr + tile, groups, sem="acq_rel")
@@ -231,16 +243,13 @@ def flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om
     element's count to the tile's number of programs returns its total: that thread stores it and zeroes the
     element for the next launch. No fence, barrier or counter round trips (flush_tile's cost 2-3 µs per launch
     at 1-8 rows on the H200); but every add returns a value: at 16 rows flush_tile is faster."""
-    cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-    mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0)
-    out = out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1)
+    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma)
     first = _prog_of(tile * n_groups, P, units)
     programs = _prog_of((tile + 1) * n_groups - 1, P, units) - first + 1
     if programs == 1:
         gl.store(out, _to_out(acc, out_ptr), mask=mask)
     else:
-        ws = ws_ptr.to(gl.pointer_type(gl.int64), bitcast=True) + gl.expand_dims(tok, 0) * N + gl.expand_dims(cols, 1)
+        ws = _ws_ptrs(ws_ptr, gl.int64, cols, tok, N)
         mine = acc + ARRIVAL
         total = gl.atomic_add(ws, mine, mask=mask, sem="relaxed") + mine
         arrived = programs.to(gl.int64)
