@@ -156,7 +156,8 @@ GEMV_VARIANTS = [dict(block_n=bn, warps=w, stages=st, ctas_per_sm=c) for bn, w, 
 
 
 # Alternatives to int4_wgmma.LAUNCH for --sweep
-WGMMA_VARIANTS = [dict(block_m=bm, stages=st) for bm, st in ((64, 2), (64, 3), (64, 4), (128, 2), (128, 3))]
+WGMMA_VARIANTS = [dict(block_m=bm, warps=w, stages=st, ctas_per_sm=c) for bm, w, st, c in
+                  ((64, 4, 2, 4), (64, 4, 3, 4), (128, 4, 2, 3), (64, 8, 2, 2), (64, 8, 3, 2), (128, 8, 3, 1))]
 
 
 def sweep(peak_Bps: float) -> list:

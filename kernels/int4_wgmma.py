@@ -14,17 +14,22 @@ side), and per group of 128 k:
   fp32 with no per-group epilogue. (The GPTQ layout needed a byte permute and 4x the shared-memory reads per pair:
   ~300 instructions per group and warp against ~230, and 320 rows ran 15-20% slower.)
 * Each group's wgmma is waited for at once: an asynchronous wgmma reads its A registers after issue, and nothing
-  keeps the compiler from reusing them for the next group's weights (the H200 gave wrong sums); two CTAs per SM
-  overlap one's unpacking with the other's mma instead. (A through shared memory allowed overlap within a CTA
+  keeps the compiler from reusing them for the next group's weights (the H200 gave wrong sums; passing them to
+  the wait as deps keeps them live for LLVM only, and ptxas still reuses them); four CTAs of one warpgroup per SM
+  overlap one's unpacking with the others' mma instead. (A through shared memory allowed overlap within a CTA
   but was slower: the tile's stores and reads cost more shared-memory bandwidth than the overlap won.)
 * Split-K where the output tiles alone leave SMs idle, summed in fp64 in the split-K workspace (flush_tile:
   deterministic).
-  The launch caps the registers (maxnreg) so that two CTAs fit an SM with the split's fp64 epilogue too (it
+  The launch caps the registers (maxnreg) so that the CTAs fit an SM with the split's fp64 epilogue too (it
   spills a few registers there, after the loop): at 159 registers one CTA per SM ran 256 CTAs in two waves.
   On sm_90 the launch is a programmatic dependent launch whose first weights stream before the previous kernel
   finishes.
 Measured on the H200 (bench/results/kernels-h200.md). ncu at 320 rows (GPTQ layout): the SMs issued ~2
-instructions per cycle, mostly unpacking, the tensor cores half idle.
+instructions per cycle, mostly unpacking, the tensor cores half idle; with the mma layout (128 x 64 tiles, qkvz):
+tensor pipe active 51% of the SMs' active cycles, the CTA barrier the first stall, and 640 CTAs made 2.42 waves.
+Tried and not kept (H200, same harness): stream-K ranges over (tile, group) units, alone or after whole waves of
+one tile per CTA — a tile's flush inside the range costs more than the balance wins (qkvz 320 rows 128 -> 154 us,
+40 rows 34 -> 57).
 Gluon has no interpreter: checked against the dequantising reference in the GPU tests, compiled for sm_90 by
 tests/aot_compile.py. sm_90+ only; other GPUs and asymmetric weights take int4_linear.
 Reference: layers.quant.dequantize_int4."""
@@ -185,8 +190,8 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
         cur = step % STAGES
         a = _a_operand(words_ring.index(cur), scales_ring.index(cur), BN, DT, words, a_op)
         # waited for at once: an asynchronous wgmma reads its A registers after issue, and nothing keeps the
-        # compiler from reusing them for the next group's weights (wrong sums on the H200). Two CTAs per SM
-        # overlap one's unpacking with the other's mma instead.
+        # compiler from reusing them for the next group's weights (wrong sums on the H200). The other CTAs of the
+        # SM overlap their unpacking with this one's mma instead.
         acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(a, acts_ring.index(cur).permute((1, 0)), acc,
                                                         is_async=True)])
     async_copy.wait_group(0)
@@ -201,11 +206,17 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
 
 
 # Token tile, warps (BN = 16·warps columns), ring stages, and CTAs per SM (split-K fills them; registers are
-# capped to fit them). H200 sweep (40, 64 and 320 rows, the 27B shapes): 64-token tiles at 2 CTAs per SM beat
-# 128-token ones at 1 (gate_up at 320 rows: 287 against 369 µs) and at 2 (capped at 128 registers they spill in
-# the loop: 302; out_proj, split, 96 against 61); 2 stages beat 3 and 4 at 320 rows (qkvz 138 / 148 / 160 µs) and
-# tie at 40.
-LAUNCH = dict(block_m=64, warps=8, stages=2, ctas_per_sm=2)
+# capped to fit them): LAUNCH, one warpgroup per CTA, unless more than 64 rows make fewer of its tiles than two
+# waves of CTAs (the 27B shapes: out_proj and down at 320 rows), which take WIDE, two warpgroups per CTA. H200,
+# each timed beside cuBLAS bf16 in one run (us, qkvz / out_proj / attn / gate_up / down), LAUNCH against WIDE:
+# 40 rows 34.3 / 18.8 / 33.3 / 61.0 / 37.1 against 33.6 / 19.4 / 32.3 / 73.6 / 35.3; 64 rows 39.5 / 22.8 / 36.9 /
+# 61.8 / 39.5 against 40.2 / 24.7 / 37.7 / 76.2 / 40.7; 320 rows 115.0 / 54.3 / 109.6 / 244.2 / 146.1 against
+# 128.2 / 51.5 / 120.0 / 270.4 / 138.6 (in the layer step down at 320 rows: 171 against 144). 128-token tiles of
+# one warpgroup at 3 per SM: 320 rows qkvz 110.6, out_proj 65.4, down 175.8; at 2 per SM (3 stages) and
+# 256-token tiles slower throughout. Before: 64-token tiles at 2 CTAs per SM beat 128-token ones at 1 (gate_up at
+# 320 rows: 287 against 369 µs); 2 stages beat 3 and 4 at 320 rows (qkvz 138 / 148 / 160 µs) and tie at 40.
+LAUNCH = dict(block_m=64, warps=4, stages=2, ctas_per_sm=4)
+WIDE = dict(block_m=64, warps=8, stages=2, ctas_per_sm=2)
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
@@ -216,11 +227,14 @@ def supports(x: torch.Tensor, w: Int4Weight) -> bool:
 
 
 def pick(m: int, n: int, k: int, device, **override) -> dict:
-    """Launch parameters for m rows: LAUNCH (entries can be overridden), and the split-K count that fills the GPU."""
-    p = dict(LAUNCH, **override)
+    """Launch parameters for m rows: LAUNCH or WIDE (entries can be overridden), and the split-K count that fills
+    the GPU."""
+    sms = gpu.num_sms(device)
+    narrow = triton.cdiv(m, LAUNCH["block_m"]) * triton.cdiv(n, 16 * LAUNCH["warps"])
+    p = dict(WIDE if m > 64 and narrow < 2 * LAUNCH["ctas_per_sm"] * sms else LAUNCH, **override)
     if "splits" not in p:
         tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, 16 * p["warps"])
-        p["splits"] = split_count(tiles, k // 128, p["ctas_per_sm"], gpu.num_sms(device))
+        p["splits"] = split_count(tiles, k // 128, p["ctas_per_sm"], sms)
     return p
 
 
@@ -245,5 +259,5 @@ def int4_wgmma(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_m: int =
     _int4_wgmma_kernel[(n_tiles * p["splits"] * m_tiles,)](
         x2, w.qweight, w.scales, out2, ws, cnt, m, n // 8, k, x2.stride(0), out2.stride(0), m_tiles, p["splits"],
         mma, a_op, words, w_copy, s_copy, flat, x_copy, x_swizzled, bn, bm, stages, p["splits"] > 1, pdl,
-        num_warps=warps, launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * warps * 32))
+        num_warps=warps, launch_pdl=pdl, maxnreg=min(255, 65536 // (p["ctas_per_sm"] * warps * 32)))
     return out

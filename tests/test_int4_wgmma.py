@@ -21,15 +21,16 @@ def rounded_ref(x, w):
 
 
 # M: one ragged token tile, several, tails of 1; N: odd multiples of 8 (ragged column tile); K: odd numbers of
-# groups (splits that end unevenly, one group each); both tiles, 2-5 ring stages, split and not
+# groups (splits that end unevenly, one group each); both token tiles, one warpgroup (LAUNCH) or two (WIDE) per CTA,
+# 2-5 ring stages, split and not
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg", [
     (17, 136, 384, torch.bfloat16, torch.float16, dict(block_m=64, stages=2, splits=1)),
     (40, 200, 640, torch.float16, torch.float16, dict(block_m=64, stages=4, splits=2)),
-    (64, 1032, 1152, torch.bfloat16, torch.bfloat16, dict(block_m=64, stages=5, splits=9)),
+    (64, 1032, 1152, torch.bfloat16, torch.bfloat16, dict(block_m=64, stages=5, splits=9, warps=8, ctas_per_sm=2)),
     (65, 264, 896, torch.bfloat16, torch.float16, dict(block_m=64, stages=4, splits=3)),
-    (130, 136, 384, torch.float16, torch.bfloat16, dict(block_m=128, stages=3, splits=1)),
-    (320, 520, 1408, torch.bfloat16, torch.float16, dict(block_m=128, stages=4, splits=1)),
-    (257, 392, 640, torch.bfloat16, torch.float16, dict(block_m=128, stages=4, splits=5)),
+    (130, 136, 384, torch.float16, torch.bfloat16, dict(block_m=128, stages=3, splits=1, ctas_per_sm=2)),
+    (320, 520, 1408, torch.bfloat16, torch.float16, dict(block_m=128, stages=4, splits=1, warps=8, ctas_per_sm=1)),
+    (257, 392, 640, torch.bfloat16, torch.float16, dict(block_m=128, stages=4, splits=5, ctas_per_sm=2)),
 ])
 def test_int4_wgmma(m, n, k, xdt, sdt, cfg):
     x, w = int4_case(m, n, k, xdt, sdt, m * 1000 + n + k)
