@@ -13,7 +13,14 @@ unnormalised acc[D], running max m (log2 units) and sum l to partials[b, h, i, s
 kernel merges them: O = Σ 2^(m_s−m*)·acc_s / Σ 2^(m_s−m*)·l_s. With one segment the kernel
 normalises and writes the output itself (no partials, no combine launch).
 KV formats: bf16, or e4m3 codes decoded with integer bit operations (any GPU; kernels/fp8.py) or with the
-native conversion (sm_89+). K and V scales are applied to fp32 scores and to acc, never to the 8-bit tiles."""
+native conversion (sm_89+). K and V scales are applied to fp32 scores and to acc, never to the 8-bit tiles.
+Tried and not kept (H200, fp8 KV, V keys-fastest, us against this kernel in the same run): e4m3 operands straight
+into the tensor cores — q and p split into e4m3 hi + lo (bf16's precision), keys on the wgmma's M side, nothing
+decoded — B1 16k 19.0 against 19.3, 64k 54.9 against 51.0, B8 16k 103 against 93, B64 1.5k 80 against 73 (with
+the rows on M, Triton decodes e4m3 operands to fp16 for mma.sync anyway); an L2 prefetch of each program's first
+1 / 2 / 4 tiles before the PDL wait: B1 16k 19.4 / 20.0 / 21.4 against 19.5, and after a 4 MB copy kernel 25.0
+against 22.9 (2 tiles). ncu, B1 16k: 8 warps per SM, issue slots 32% busy, stalls spread (issuing 21%, long
+scoreboard 20%, wait 19%)."""
 import functools
 import math
 
