@@ -30,6 +30,7 @@ import triton.language as tl
 from kernels import device as gpu
 from kernels import gdn_recurrent_gluon as gdn_gluon
 from kernels.device import pdl_wait
+from kernels.gdn_common import gdn_gates, slot_row
 
 L2NORM_EPS = 1e-6
 
@@ -91,22 +92,6 @@ def gdn_verify_reference(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_
 # --- Triton helpers shared with the chunked kernel ------------------------------------------------------------
 
 @triton.jit
-def softplus(x):
-    # torch's threshold (x > 20 -> x); log1p(y) written as log(u) * y / (u - 1), u = 1 + y, so tiny y stays exact
-    y = tl.exp(tl.minimum(x, 20.0))
-    u = 1.0 + y
-    lp = tl.where(u == 1.0, y, tl.log(u) * y / (u - 1.0))
-    return tl.where(x > 20.0, x, lp)
-
-
-@triton.jit
-def gdn_gates(a, b, A_log, dt_bias):
-    """fp32 log decay g = -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b)."""
-    g = -tl.exp(A_log) * softplus(a.to(tl.float32) + dt_bias)
-    return g, tl.sigmoid(b.to(tl.float32))
-
-
-@triton.jit
 def l2norm(x, AXIS: tl.constexpr):
     x = x.to(tl.float32)
     return x * tl.rsqrt(tl.sum(x * x, axis=AXIS, keep_dims=True) + 1e-6)
@@ -136,16 +121,8 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
     pdl_wait(PDL)
 
     # Every load is issued up front: a load placed after a state store (a pointer that may alias) or after a layout
-    # change (a shared-memory barrier) cannot be hoisted, and would cost each token a memory round trip. The
-    # initial slot is selected from the slot row rather than loaded through num_accepted: one dependent load less
-    # before the state load.
-    col = tl.minimum(tl.maximum(tl.load(num_acc_ptr + bi) - 1, 0), T - 1)
-    slots = ()
-    for t in tl.static_range(T):
-        slots = slots + (tl.load(slots_ptr + bi * ss_b + t),)
-    first = slots[0]
-    for t in tl.static_range(1, T):
-        first = tl.where(col == t, slots[t], first)
+    # change (a shared-memory barrier) cannot be hoisted, and would cost each token a memory round trip.
+    slots, first = slot_row(num_acc_ptr, slots_ptr, bi, ss_b, T)
     S0_ptrs = state_ptr + first.to(tl.int64) * (HV * DK * DV) + tile
     S0 = tl.load(S0_ptrs, mask=first >= 0, other=0.0)
     qr, kr, vs, a_s, b_s = (), (), (), (), ()

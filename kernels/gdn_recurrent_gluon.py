@@ -9,12 +9,12 @@ warps. Here a program's state tile S [DK, BV] is spread over the warps along dk 
 FMAs each, two shuffle levels and one exchange between the warps, and the tile's update is 32 FMAs per lane
 (H200, T 5, fp16 state: B 1 6.2 against 8.2 us; on 32 columns B 8 34.2 against 43.5, B 64 369 against 376).
 Shapes and slots: as kernels/gdn_recurrent.gdn_verify (its docstring)."""
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from kernels import device as gpu
+from kernels.gdn_common import slot_row
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 
 
@@ -71,13 +71,7 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
         gdc_launch_dependents()
 
     # every load up front (as the Triton kernel): the initial slot from the slot row, then the state tile
-    col = gl.minimum(gl.maximum(gl.load(num_acc_ptr + bi) - 1, 0), T - 1)
-    slots = ()
-    for t in gl.static_range(T):
-        slots = slots + (gl.load(slots_ptr + bi * ss_b + t),)
-    first = slots[0]
-    for t in gl.static_range(1, T):
-        first = gl.where(col == t, slots[t], first)
+    slots, first = slot_row(num_acc_ptr, slots_ptr, bi, ss_b, T)
     ok = gl.full([DK, BV], 1, gl.int1, S_LAYOUT) & (first >= 0)
     S = gl.load(state_ptr + first.to(gl.int64) * (HV * DK * DV) + tile, mask=ok, other=0.0).to(gl.float32)
     # q_t, k_t twice: whole in every warp (the norms and q_t.k_t reduce inside a warp) and as the tile's rows
