@@ -39,9 +39,12 @@ def timed_row(name, shape, fn, nbytes, flops, peak, out, **kw):
     print(out[-1], flush=True)
 
 
-# (proj_dot, block_v, num_warps, gluon); tests/test_gdn_kernels.py checks the same configurations on the GPU
-VERIFY_SWEEP = [(d, bv, w, False) for d in (False, True) for bv, w in ((16, 1), (32, 2), (64, 4))]
-GLUON_SWEEP = [(False, bv, w, True) for bv, w in ((16, 1), (16, 2), (32, 2), (16, 4), (32, 4), (8, 2))]
+# (proj_dot, block_v, num_warps, gluon, gluon_launch); tests/test_gdn_kernels.py checks the same configurations on
+# the GPU. The Gluon kernel's launches: (BV, warps, lanes along dk, warps along v), kernels/gdn_recurrent_gluon.py
+VERIFY_SWEEP = [(d, bv, w, False, None) for d in (False, True) for bv, w in ((16, 1), (32, 2), (64, 4))]
+GLUON_SWEEP = [(False, None, None, True, launch) for launch in
+               ((16, 2, 4, False), (32, 2, 4, False), (16, 2, 8, False), (32, 2, 8, False), (32, 4, 8, False),
+                (64, 4, 8, False), (32, 2, 16, True), (16, 1, 16, True), (64, 4, 16, True), (8, 2, 4, False))]
 
 
 @triton.jit
@@ -71,16 +74,16 @@ def verify_rows(peak, sweep):
         nbytes = (1 + T) * B * HV * D * D * pool.element_size() + B * T * (C + 2 * HV + HV * D) * 2
         # the default (token by token, width-invariant: the Gluon kernel), the same scheme as the Triton kernel, the
         # opt-in chunk form, at their default launches
-        configs = [(False, None, None, None), (False, None, None, False)]
-        configs += [(True, None, None, None)] if sdt == torch.float16 else []
+        configs = [(False, None, None, None, None), (False, None, None, False, None)]
+        configs += [(True, None, None, None, None)] if sdt == torch.float16 else []
         configs += VERIFY_SWEEP if sweep and sdt == torch.float16 else []
         configs += GLUON_SWEEP if sweep else []
-        for dot, bv, warps, gluon in configs:
-            name = "gdn_verify" + (("[chunk form]" if dot else "[triton]" if gluon is False else "") if bv is None
-                                   else f"[{'gluon' if gluon else 'dot' if dot else 'fma'},bv{bv},w{warps}]")
+        for dot, bv, warps, gluon, launch in configs:
+            name = "gdn_verify" + (f"[gluon,{launch}]" if launch else f"[{'dot' if dot else 'fma'},bv{bv},w{warps}]"
+                                   if bv else "[chunk form]" if dot else "[triton]" if gluon is False else "")
             timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
                       lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps,
-                                         proj_dot=dot, gluon=gluon),
+                                         proj_dot=dot, gluon=gluon, gluon_launch=launch),
                       nbytes, 8 * B * T * HV * D * D, peak, out)
         if B == 1 and sdt == torch.float16:
             floor_rows(nbytes, (B, HV, D // 16), peak, out)

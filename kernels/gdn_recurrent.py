@@ -210,9 +210,10 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
 
 
 def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, out=None, block_v=None,
-               num_warps=None, proj_dot=False, gluon=None):
+               num_warps=None, proj_dot=False, gluon=None, gluon_launch=None):
     """Gated DeltaNet update over T = 1..8 tokens per sequence with per-position state slots (module docstring).
-    Returns o [B, T, Hv, dv]; `out` may be passed (CUDA graphs). block_v / num_warps override the defaults;
+    Returns o [B, T, Hv, dv]; `out` may be passed (CUDA graphs). block_v / num_warps override the Triton kernel's
+    defaults, gluon_launch (BV, warps, lanes_dk, along_v) the Gluon kernel's (gdn_recurrent_gluon.pick);
     proj_dot=True takes the chunk form (projections of the initial state on a tensor core: faster, not bitwise
     equal to decoding the tokens one by one). gluon: None = the launch table below, True / False = the Gluon
     kernel (kernels/gdn_recurrent_gluon.py) / the Triton kernel whatever the width."""
@@ -225,24 +226,24 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     o = torch.empty(B, T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
     proj_dot = bool(proj_dot)
     # Launch table (H200, T = 5, bench/kernels_gdn.py --sweep). The token-by-token scheme runs as the Gluon kernel
-    # (kernels/gdn_recurrent_gluon.py) wherever a GPU runs it: 16 columns on 2 warps at B = 1 on an fp16 state
-    # (6.2 µs against 8.2 for the Triton kernel's best, 16 / 1), 32 on 2 otherwise (fp16, B = 2 / 8 / 16 / 64: 8.7 /
-    # 34.2 / 87.1 / 369 against 11.3 / 43.5 / 98.2 / 376; fp32, B = 1 / 8 / 64: 6.8 / 50.1 / 408 against 8.4 / 53.7 /
-    # 425). The Triton kernel (the interpreter, gluon=False, the chunk form): 16 columns on one warp while that is
-    # at most one warp per scheduler, then on an fp16 state 32 / 2 up to ~16 CTAs per SM (B = 8: 42.6 against 47.9
+    # (kernels/gdn_recurrent_gluon.py, its own launch table) wherever a GPU runs it: with its first layout it was
+    # already as fast or faster than the Triton kernel at every width (fp16, B = 1 / 2 / 8 / 16 / 64: 6.2 / 8.7 /
+    # 34.2 / 87.1 / 369 against 8.2 / 11.3 / 43.5 / 98.2 / 376; fp32, B = 1 / 8 / 64: 6.8 / 50.1 / 408 against 8.4 /
+    # 53.7 / 425). The Triton kernel (the interpreter, gluon=False, the chunk form): 16 columns on one warp while
+    # that is at most one warp per scheduler, then on an fp16 state 32 / 2 up to ~16 CTAs per SM (B = 8: 42.6 against 47.9
     # on 64 / 4), else 64 / 4 (B = 64: 373 against 440); the chunk form 64 / 4 (B = 8: 39.1 against 43.5 on 32 / 2),
     # reloading k_t in the chain (226 -> 201 registers, 8-13% faster at B = 8 / 64). Decode (T = 1) and verify at
     # one width take the same kernel and launch, so the bitwise width invariance holds.
     sms = gpu.num_sms(v.device)
     fp16 = state.element_size() == 2
     narrow = B * HV * triton.cdiv(DV, 16) <= 4 * sms
+    launch = gluon_launch or gdn_gluon.pick(B, HV, DV, fp16, sms)
     if gluon is None:
         gluon = (not proj_dot and block_v is None and num_warps is None and not gpu.INTERPRET and v.is_cuda
-                 and gpu.capability(v.device) >= (8, 0) and gdn_gluon.fits(DK, DV, min(32, DV), 2))
+                 and gpu.capability(v.device) >= (8, 0) and gdn_gluon.fits(DK, DV, launch))
     if gluon:
-        bv, num_warps = block_v or min(16 if narrow and fp16 else 32, DV), num_warps or 2
-        assert not proj_dot and gdn_gluon.fits(DK, DV, bv, num_warps)
-        gdn_gluon.launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, bv, num_warps)
+        assert not proj_dot and gdn_gluon.fits(DK, DV, launch), (DK, DV, launch)
+        gdn_gluon.launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, launch)
         return o
     mid = not narrow and not proj_dot and fp16 and B * HV * triton.cdiv(DV, 32) <= 16 * sms
     bv = block_v or min(16 if narrow else 32 if mid else 64, DV)

@@ -1,13 +1,19 @@
 """The Gated DeltaNet verify/decode update of kernels/gdn_recurrent.py (token-by-token scheme: same contract,
 reference and bitwise width invariance) in Gluon; kernels/gdn_recurrent.gdn_verify takes it on sm_80+ (its launch
-table).
+table, `pick` below).
 
 Why: the Triton kernel's narrow launch (16 columns on one warp) is one warp's serial stream of ~4100 instructions
 (395 shuffles) with ~3 warps per SM, latency-bound, and Triton's cross-warp reductions cost ~100 barriers on 2
-warps. Here a program's state tile S [DK, BV] is spread over the warps along dk (lanes 4 along dk x 8 along v): at
-16 columns on 2 warps a lane holds 16 x 2 state values, so a token's two reductions over dk are 16 in-register
-FMAs each, two shuffle levels and one exchange between the warps, and the tile's update is 32 FMAs per lane
-(H200, T 5, fp16 state: B 1 6.2 against 8.2 us; on 32 columns B 8 34.2 against 43.5, B 64 369 against 376).
+warps. Here a program's state tile S [DK, BV] is spread over lanes_dk x (32 / lanes_dk) lanes (dk x v) and over
+the warps, either along dk (a token's two reductions over dk: in-register FMAs, shuffles and one exchange between
+the warps) or along v (no exchange: each warp reduces its own columns). A launch is (BV, warps, lanes_dk, warps
+along v); each token's chain of dependent instructions is the cost (at B 1, 2 warps per CTA: ~500 instructions
+a token at ~3.8 cycles each, ncu), so the table trades lanes for registers per width. H200, T 5 / T 1, fp16 state
+(us, against the one layout before it: 4 lanes along dk, warps along dk): B 1 (16, 2, 8, dk) 5.85 / 2.80 against
+6.42 / 2.58; B 4 (32, 2, 8, dk) 12.6 / 4.76 against 16.3 / 4.14; B 8 27.0 / 8.23 against 39.9 / 7.35; B 16
+(64, 4, 16, v) 56.7 / 15.2 against 88.6 / 13.1, B 64 230 / 71.5 against 370 / 99.4. Decode and verify take the
+same launch (the width invariance), so T 1 gives back a little where T 5 gains; B 2 and fp32 states keep the old
+layout (there the others were no faster).
 Shapes and slots: as kernels/gdn_recurrent.gdn_verify (its docstring)."""
 import triton
 from triton.experimental import gluon
@@ -18,22 +24,42 @@ from kernels.gdn_common import slot_row
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 
 
-def fits(dk: int, dv: int, bv: int, warps: int) -> bool:
-    """The layouts below tile this head shape: dk a power of 2 with at least 4 rows per warp and 32 lanes' worth."""
-    return dk >= max(32, 4 * warps) and dk & (dk - 1) == 0 and bv % 8 == 0 and dv % bv == 0
+def fits(dk: int, dv: int, cfg: tuple) -> bool:
+    """The layouts below tile this head shape with cfg = (BV, warps, lanes_dk, along_v): dk a power of 2 with at
+    least one row per lane and warp along it, a whole number of columns per lane and warp along v."""
+    bv, warps, lanes_dk, along_v = cfg
+    rows, cols = lanes_dk * (1 if along_v else warps), (32 // lanes_dk) * (warps if along_v else 1)
+    return dk & (dk - 1) == 0 and dk >= max(32, rows) and bv % cols == 0 and dv % bv == 0
 
 
-def layouts(dk: int, bv: int, warps: int):
-    """(S [DK, BV]: lanes 4 (dk) x 8 (v), warps along dk, per lane DK / (4 warps) rows x BV / 8 columns; a [DK]
-    vector whole in every warp, DK / 32 values per lane, for the norms: their reductions then stay inside a warp)."""
-    assert fits(dk, dv=bv, bv=bv, warps=warps), (dk, bv, warps)
-    s = gl.BlockedLayout(size_per_thread=[dk // (4 * warps), bv // 8], threads_per_warp=[4, 8],
-                         warps_per_cta=[warps, 1], order=[1, 0])
+def layouts(dk: int, cfg: tuple):
+    """(S [DK, BV] on lanes_dk x (32 / lanes_dk) lanes and the warps along dk or v; a [DK] vector whole in every
+    warp, DK / 32 values per lane, for the norms: their reductions then stay inside a warp)."""
+    assert fits(dk, cfg[0], cfg), (dk, cfg)
+    bv, warps, lanes_dk, along_v = cfg
+    wd, wv = (1, warps) if along_v else (warps, 1)
+    lanes_v = 32 // lanes_dk
+    s = gl.BlockedLayout(size_per_thread=[dk // (lanes_dk * wd), bv // (lanes_v * wv)],
+                         threads_per_warp=[lanes_dk, lanes_v], warps_per_cta=[wd, wv], order=[1, 0])
     regs = (dk // 32).bit_length() - 1
     vec = gl.DistributedLinearLayout(reg_bases=[[1 << i] for i in range(regs)],
                                      lane_bases=[[1 << (regs + i)] for i in range(5)],
                                      warp_bases=[[0]] * (warps.bit_length() - 1), block_bases=[], shape=[dk])
     return s, vec
+
+
+# Launch (BV, warps, lanes_dk, along_v) by the 32-column tiles per SM (at most; None: beyond) on an fp16 state; an
+# fp32 state takes FP32_LAUNCH at every width. H200 sweep: the module docstring.
+FP16_LAUNCHES = ((1.5, (16, 2, 8, False)), (3, (32, 2, 4, False)), (12, (32, 2, 8, False)), (None, (64, 4, 16, True)))
+FP32_LAUNCH = (32, 2, 4, False)
+
+
+def pick(B: int, HV: int, DV: int, fp16: bool, sms: int) -> tuple:
+    """The launch for a batch width (never for a token count: decode and verify must take the same one); at most DV
+    columns per program."""
+    per_sm = B * HV * triton.cdiv(DV, 32) / sms
+    cfg = FP32_LAUNCH if not fp16 else next(c for bound, c in FP16_LAUNCHES if bound is None or per_sm <= bound)
+    return (min(cfg[0], DV),) + cfg[1:]
 
 
 @gluon.jit
@@ -111,16 +137,17 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
         gl.store(o_ptr + bi * so_b + t * so_t + h * so_h + offs_v, o.to(o_ptr.dtype.element_ty))
 
 
-def launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, bv, warps):
-    """Launch (bv columns per program on `warps` warps) on arguments kernels/gdn_recurrent.gdn_verify has checked
-    and picked; o [B, T, Hv, dv] is written."""
+def launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, cfg):
+    """Launch cfg = (BV, warps, lanes_dk, along_v) on arguments kernels/gdn_recurrent.gdn_verify has checked and
+    picked; o [B, T, Hv, dv] is written."""
     B, T, HK, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
+    bv, warps = cfg[:2]
     pdl = gpu.pdl(v.device)
     _gdn_verify_gluon_kernel[(B, HV, triton.cdiv(DV, bv))](
         q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0), DK ** -0.5,
-        T, HV, HV // HK, DK, DV, bv, *layouts(DK, bv, warps), pdl,
+        T, HV, HV // HK, DK, DV, bv, *layouts(DK, cfg), pdl,
         num_warps=warps, launch_pdl=pdl)

@@ -81,11 +81,12 @@ def launches():
     yield "attention verify + prefill + kv write"
     conv_dim = 2 * HK * DK + HV * DK
     for state_dtype in (torch.float16, torch.float32):
-        qk = empty(B, T, HK, DK)
-        for gluon in (False, True):
-            gdn_verify(qk, qk, empty(B, T, HV, DK), empty(B, T, HV), empty(B, T, HV), empty(HV, dtype=torch.float32),
-                       empty(HV, dtype=torch.float32), empty(B * T, HV, DK, DK, dtype=state_dtype),
-                       empty(B, T, dtype=torch.int32), rows, gluon=gluon)
+        for width, gluon in ((B, False), (1, True), (B, True), (16, True)):      # the Gluon kernel's launches
+            qk = empty(width, T, HK, DK)
+            gdn_verify(qk, qk, empty(width, T, HV, DK), empty(width, T, HV), empty(width, T, HV),
+                       empty(HV, dtype=torch.float32), empty(HV, dtype=torch.float32),
+                       empty(width * T, HV, DK, DK, dtype=state_dtype), empty(width, T, dtype=torch.int32),
+                       empty(width, dtype=torch.int32), gluon=gluon)
     qk = empty(1, 256, HK, DK)
     gdn_prefill(qk, qk, empty(1, 256, HV, DK), empty(1, 256, HV), empty(1, 256, HV), empty(HV, dtype=torch.float32),
                 empty(HV, dtype=torch.float32), empty(2, HV, DK, DK, dtype=torch.float32), rows[:1], rows[:1])

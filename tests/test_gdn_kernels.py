@@ -97,23 +97,23 @@ def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype, proj_dot):
     assert torch.equal(pool[untouched.to(DEV)], ref_pool[untouched.to(DEV)])
 
 
-def assert_width_invariant(HV, HK, D, state_dtype, seed):
+def assert_width_invariant(HV, HK, D, state_dtype, seed, B=1):
     """T = 5 in one gdn_verify launch gives bitwise the outputs and states of five T = 1 steps (each step reloads
-    the state it stored)."""
+    the state it stored), for each of B sequences."""
     T = 5
-    q, k, v, a, b, A_log, dt_bias = gdn_inputs(1, T, HV, HK, D, D, torch.bfloat16, seed=seed)
-    init = torch.randn(1, HV, D, D, device=DEV).to(state_dtype)
-    pool = torch.zeros(T, HV, D, D, device=DEV, dtype=state_dtype)
-    pool[0] = init[0]                                   # slot 0: the initial state, then the state after token 0
-    slots = torch.arange(T, dtype=torch.int32, device=DEV)[None]
-    one = torch.ones(1, dtype=torch.int32, device=DEV)
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, D, D, torch.bfloat16, seed=seed)
+    init = torch.randn(B, HV, D, D, device=DEV).to(state_dtype)
+    pool = torch.zeros(B * T, HV, D, D, device=DEV, dtype=state_dtype)
+    slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T)
+    pool[slots[:, 0].long()] = init                     # slot t: the initial state, then the state after token t
+    one = torch.ones(B, dtype=torch.int32, device=DEV)
     o5 = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, one, proj_dot=False)
     step_pool = init.clone()
-    zero_slot = torch.zeros(1, 1, dtype=torch.int32, device=DEV)
+    own_slot = torch.arange(B, dtype=torch.int32, device=DEV)[:, None]
     for t in range(T):
         o1 = gdn_verify(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], a[:, t:t + 1], b[:, t:t + 1], A_log, dt_bias,
-                        step_pool, zero_slot, one, proj_dot=False)
-        assert torch.equal(o1[:, 0], o5[:, t]) and torch.equal(step_pool[0], pool[t])
+                        step_pool, own_slot, one, proj_dot=False)
+        assert torch.equal(o1[:, 0], o5[:, t]) and torch.equal(step_pool, pool[slots[:, t].long()])
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
@@ -238,34 +238,35 @@ def test_spec_rounds_match_full_sequence():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("B,proj_dot,block_v,num_warps,gluon",           # the defaults at B 1 (Gluon) and 3, and
-                         [(1, None, None, None, None), (3, None, None, None, None)]  # the benchmark's sweep
-                         + [(3, *c) for c in VERIFY_SWEEP + GLUON_SWEEP])
-def test_gpu_verify_27b(B, proj_dot, block_v, num_warps, gluon, state_dtype):
+@pytest.mark.parametrize("B,proj_dot,block_v,num_warps,gluon,launch",    # the defaults at B 1, 3 and 12 (each
+                         [(B, None, None, None, None, None) for B in (1, 3, 12)]  # its own Gluon launch), and
+                         + [(3, *c) for c in VERIFY_SWEEP + GLUON_SWEEP])          # the benchmark's sweep
+def test_gpu_verify_27b(B, proj_dot, block_v, num_warps, gluon, launch, state_dtype):
     """Against the reference, with the slot scheme's edge cases: slots in reverse order, an accepted count of 0
     and one past T (clamped), a padded sequence (negative slots: zero state, nothing written)."""
-    if state_dtype == torch.float32 and block_v not in (None, 16):
+    if state_dtype == torch.float32 and (block_v not in (None, 16) or launch not in (None, (16, 2, 4, False))):
         pytest.skip("fp32 state: the default launch and both schemes at 16 columns")
     T, HV, HK, D = 5, 48, 16, 128
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, D, D, torch.bfloat16, seed=B)
     pool = torch.randn(B * T + 1, HV, D, D, device=DEV).to(state_dtype)
     slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T).flip(1).contiguous()
-    num_acc = torch.tensor([0, 3, 9][:B], dtype=torch.int32, device=DEV)
-    if B == 3:
+    num_acc = torch.tensor([0, 3, 9] * (B // 3) or [0], dtype=torch.int32, device=DEV)
+    if B > 1:
         slots[2] = -1
     ref_pool = pool.clone()
     ref = gdn_verify_reference(q, k, v, a, b, A_log, dt_bias, ref_pool, slots, num_acc)
     out = torch.full((B, T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
     gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, num_acc, out=out, block_v=block_v, num_warps=num_warps,
-               proj_dot=proj_dot, gluon=gluon)
+               proj_dot=proj_dot, gluon=gluon, gluon_launch=launch)
     assert rel_err(out, ref) < 1e-2 and rel_err(pool, ref_pool) < (1e-3 if state_dtype == torch.float16 else 1e-5)
 
 
 @pytest.mark.gpu
-def test_gpu_verify_width_invariant_27b():
-    """As test_verify_token_by_token_is_width_invariant at the 27B shape and B = 1, where gdn_verify takes the
-    Gluon kernel for the verify and for the decode steps alike."""
-    assert_width_invariant(48, 16, 128, torch.float16, seed=9)
+@pytest.mark.parametrize("B", [1, 3, 12])
+def test_gpu_verify_width_invariant_27b(B):
+    """As test_verify_token_by_token_is_width_invariant at the 27B shape, at widths that take each of the Gluon
+    kernel's launches (the verify and the decode steps alike)."""
+    assert_width_invariant(48, 16, 128, torch.float16, seed=9, B=B)
 
 
 @pytest.mark.gpu
