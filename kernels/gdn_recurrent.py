@@ -230,10 +230,10 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     # already as fast or faster than the Triton kernel at every width (fp16, B = 1 / 2 / 8 / 16 / 64: 6.2 / 8.7 /
     # 34.2 / 87.1 / 369 against 8.2 / 11.3 / 43.5 / 98.2 / 376; fp32, B = 1 / 8 / 64: 6.8 / 50.1 / 408 against 8.4 /
     # 53.7 / 425). The Triton kernel (the interpreter, gluon=False, the chunk form): 16 columns on one warp while
-    # that is at most one warp per scheduler, then on an fp16 state 32 / 2 up to ~16 CTAs per SM (B = 8: 42.6 against 47.9
-    # on 64 / 4), else 64 / 4 (B = 64: 373 against 440); the chunk form 64 / 4 (B = 8: 39.1 against 43.5 on 32 / 2),
-    # reloading k_t in the chain (226 -> 201 registers, 8-13% faster at B = 8 / 64). Decode (T = 1) and verify at
-    # one width take the same kernel and launch, so the bitwise width invariance holds.
+    # that is at most one warp per scheduler, then on an fp16 state 32 / 2 up to ~16 CTAs per SM (B = 8: 42.6
+    # against 47.9 on 64 / 4), else 64 / 4 (B = 64: 373 against 440); the chunk form 64 / 4 (B = 8: 39.1 against
+    # 43.5 on 32 / 2), reloading k_t in the chain (226 -> 201 registers, 8-13% faster at B = 8 / 64). Decode (T = 1)
+    # and verify at one width take the same kernel and launch, so the bitwise width invariance holds.
     sms = gpu.num_sms(v.device)
     fp16 = state.element_size() == 2
     narrow = B * HV * triton.cdiv(DV, 16) <= 4 * sms
