@@ -19,8 +19,11 @@ into the tensor cores — q and p split into e4m3 hi + lo (bf16's precision), ke
 decoded — B1 16k 19.0 against 19.3, 64k 54.9 against 51.0, B8 16k 103 against 93, B64 1.5k 80 against 73 (with
 the rows on M, Triton decodes e4m3 operands to fp16 for mma.sync anyway); an L2 prefetch of each program's first
 1 / 2 / 4 tiles before the PDL wait: B1 16k 19.4 / 20.0 / 21.4 against 19.5, and after a 4 MB copy kernel 25.0
-against 22.9 (2 tiles). ncu, B1 16k: 8 warps per SM, issue slots 32% busy, stalls spread (issuing 21%, long
-scoreboard 20%, wait 19%)."""
+against 22.9 (2 tiles); partials as each segment's normalised output in fp16 (half the bytes written and combined):
+B1 16k 19.4 against 19.7, 64k 51.7 against 50.8, ctx 64 9.3 against 8.3, B8 16k 91.9 against 91.0 (the combine's
+~3.5 us at B1 16k is latency, not bytes). ncu, B1 16k: 8 warps per SM, issue slots 32% busy, stalls spread
+(issuing 21%, long scoreboard 20%, wait 19%); attend alone (combine skipped) 16.0 us, with it 19.5; at ctx 64
+4.9 and 7.7."""
 import functools
 import math
 

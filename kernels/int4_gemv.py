@@ -39,6 +39,15 @@ activations as k pairs from global memory (16 4-byte loads per thread and group 
 flight per SM (qkvz 14.0-17.2 against 13.2 µs at M = 1, 15.8-19.4 against 15.3 at M = 5). ncu at M = 1 and 5 (qkvz):
 the wait for a stage's copies holds 28-35% of the stall samples, yet across the shapes the time grows by 1.02x the
 copy roofline per byte: the stream keeps up, and what is left is ~2.7 µs fixed (start, flush, tail).
+The flush is most of it: with each tile stored unreduced instead (wrong sums, for timing), qkvz takes 11.6 against
+13.2 µs at M = 1 and 12.5 (8 CTAs per SM) against 15.7 at M = 5, gate_up 23.1 against 25.0 and 24.2 against 27.7,
+out_proj 6.0 against 7.2 and 6.7 against 8.3. Two ways around it, both exact (bitwise this kernel's sums) and both
+slower on the H200: a TMA ring (stages filled by the tensor memory accelerator, one mbarrier each; fewer, deeper
+CTAs, so fewer flushed partial tiles): qkvz 17.3-26.8 µs at M = 1, out_proj 9.1-12.4 (Triton puts a CTA barrier
+before every TMA copy, and fewer warps per SM leave the unpacking latency-bound: 8 warps per SM 56% of the copy
+bandwidth whether cp.async or TMA, 16 warps 75%); and the K split between the warps of a CTA (each tile summed in
+shared memory, no global atomics): qkvz 15.3-34.7 µs at M = 1 (the compiler's CTA barriers put a CTA's warps in
+lockstep on every group). 64-column tiles at 6-12 CTAs per SM (fewer flushed columns) were no faster either.
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
