@@ -105,7 +105,7 @@ def assert_width_invariant(HV, HK, D, state_dtype, seed, B=1):
     init = torch.randn(B, HV, D, D, device=DEV).to(state_dtype)
     pool = torch.zeros(B * T, HV, D, D, device=DEV, dtype=state_dtype)
     slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T)
-    pool[slots[:, 0].long()] = init                     # slot t: the initial state, then the state after token t
+    pool[slots[:, 0].long()] = init                     # first slot: the initial state, then the state after token 0
     one = torch.ones(B, dtype=torch.int32, device=DEV)
     o5 = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, one, proj_dot=False)
     step_pool = init.clone()
