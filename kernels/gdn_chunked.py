@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu
-from kernels.gdn_recurrent import gdn_gates, l2norm
+from kernels.gdn_common import gdn_gates
+from kernels.gdn_recurrent import l2norm
 
 
 # --- plain-torch reference -------------------------------------------------------------------------------------

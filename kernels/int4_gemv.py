@@ -360,9 +360,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # (bench/kernels_int4.py --sweep): M = 1 8 CTAs per SM (6: 10-20% slower); M = 2-8 6 (170 registers: none spill)
 # by 1-15% over 8 (128: a few spill, and more programs flush more partial tiles; out_proj 8.95 against 10.47 us at
 # M = 5), and 7 ran a second wave although 140 registers did not spill: a quarter of the SM (16K registers) holds 4
-# of its 14 warps, so 7 CTAs of 2 warps need ≤ 128 (30-40% slower); M = 9-16 128 columns on 4 warps, 4 per SM (half the accumulator per thread) 1.4-1.6x faster than on 2
-# warps, 6 per SM. 2 stages beat 3 throughout. (The sums are in fixed point, so the buckets' different K ranges
-# give every token the same bits.)
+# of its 14 warps, so 7 CTAs of 2 warps need ≤ 128 (30-40% slower); M = 9-16 128 columns on 4 warps, 4 per SM
+# (half the accumulator per thread) 1.4-1.6x faster than on 2 warps, 6 per SM. 2 stages beat 3 throughout. (The
+# sums are in fixed point, so the buckets' different K ranges give every token the same bits.)
 ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True)),
                (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
                (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, marks=False)))
