@@ -23,7 +23,9 @@ against 22.9 (2 tiles); partials as each segment's normalised output in fp16 (ha
 B1 16k 19.4 against 19.7, 64k 51.7 against 50.8, ctx 64 9.3 against 8.3, B8 16k 91.9 against 91.0 (the combine's
 ~3.5 us at B1 16k is latency, not bytes). ncu, B1 16k: 8 warps per SM, issue slots 32% busy, stalls spread
 (issuing 21%, long scoreboard 20%, wait 19%); attend alone (combine skipped) 16.0 us, with it 19.5; at ctx 64
-4.9 and 7.7."""
+4.9 and 7.7. The cache rows and lengths read before the wait for the previous kernel (the step's inputs, written
+long before): B1 ctx 64 / 1.5k / 16k 7.12 / 10.27 / 19.34 against 7.69 / 10.40 / 19.46 us, B8 16k 92.7
+against 92.0 (not worth a caller's promise that nothing of the last few launches wrote them)."""
 import functools
 import math
 

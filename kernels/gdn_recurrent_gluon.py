@@ -13,7 +13,10 @@ a token at ~3.8 cycles each, ncu), so the table trades lanes for registers per w
 6.42 / 2.58; B 4 (32, 2, 8, dk) 12.6 / 4.76 against 16.3 / 4.14; B 8 27.0 / 8.23 against 39.9 / 7.35; B 16
 (64, 4, 16, v) 56.7 / 15.2 against 88.6 / 13.1, B 64 230 / 71.5 against 370 / 99.4. Decode and verify take the
 same launch (the width invariance), so T 1 gives back a little where T 5 gains; B 2 and fp32 states keep the old
-layout (there the others were no faster).
+layout (there the others were no faster). Tried and not kept (session 12, T 5 / T 1 at B 1): 32 lanes along dk
+with 4-16 columns per program (4-8 state elements a thread, up to 46 warps per SM): 19-60 us, and 8-16 columns
+on 16 lanes along dk 20-32 us (not profiled); the slot row and the state tile read before the wait for the
+previous kernel (they come from an earlier step, so they could be): 5.77 / 3.47 against 5.73 / 2.75 us.
 Shapes and slots: as kernels/gdn_recurrent.gdn_verify (its docstring)."""
 import triton
 from triton.experimental import gluon

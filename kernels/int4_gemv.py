@@ -50,7 +50,12 @@ shared memory, no global atomics): qkvz 15.3-34.7 µs at M = 1 (the compiler's C
 lockstep on every group); nor does a tile owned whole by one CTA whose 1-4 warps split its K and stream their
 words straight into registers (16 columns each, two groups ahead, activations from L1; no shared memory, no
 barrier until the end): qkvz 19.1 against 13.6 µs at M = 1, 25.5 against 15.7 at M = 5. 64-column tiles at 6-12
-CTAs per SM (fewer flushed columns) were no faster either.
+CTAs per SM (fewer flushed columns) were no faster either. Nor (session 12, same harness) a tile per thread-block
+cluster, its groups cut into one range per CTA and summed through distributed shared memory (exact; no
+workspace or atomics; clustered launch of the kernel compiled for one CTA, mapa / ld.shared::cluster): qkvz
+16.8-18.5 against 13.5 µs at M = 1, 18.9-32.5 against 15.5 at M = 5 — a clustered launch of 4 or 8 CTAs costs
+~6 µs even to this stream-K kernel unchanged (pairs cost nothing, but leave a tile shared by clusters); nor
+waiting for an inner tile's atomics only after the loop (so the stream goes on while they travel): 0-2% slower.
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
