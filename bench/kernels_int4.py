@@ -130,7 +130,8 @@ def _gemv_str(p: dict) -> str:
 
 
 def _wgmma_str(p: dict) -> str:
-    return f"wgmma {16 * p['warps']}x{p['block_m']} st{p['stages']} s{p['splits']}"
+    overlap = " overlap" if p.get("overlap") else ""
+    return f"wgmma {16 * p['warps']}x{p['block_m']} st{p['stages']} s{p['splits']}{overlap}"
 
 
 def _cfg_str(c: Config) -> str:
@@ -156,8 +157,10 @@ GEMV_VARIANTS = [dict(block_n=bn, warps=w, stages=st, ctas_per_sm=c) for bn, w, 
 
 
 # Alternatives to int4_wgmma.LAUNCH for --sweep
-WGMMA_VARIANTS = [dict(block_m=bm, warps=w, stages=st, ctas_per_sm=c) for bm, w, st, c in
-                  ((64, 4, 2, 4), (64, 4, 3, 4), (128, 4, 2, 3), (64, 8, 2, 2), (64, 8, 3, 2), (128, 8, 3, 1))]
+WGMMA_VARIANTS = [dict(block_m=bm, warps=w, stages=st, ctas_per_sm=c, overlap=o) for bm, w, st, c, o in
+                  ((64, 4, 2, 4, False), (64, 4, 3, 4, False), (128, 4, 2, 3, False), (64, 8, 2, 2, False),
+                   (64, 8, 3, 2, False), (128, 8, 3, 1, False), (64, 4, 4, 2, True), (64, 4, 3, 3, True),
+                   (64, 8, 3, 2, True))]
 
 
 def sweep(peak_Bps: float) -> list:

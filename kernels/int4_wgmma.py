@@ -13,11 +13,15 @@ side), and per group of 128 k:
   checkpoint holds them (as int4_linear's large-M forms compute them), so the mma accumulates across groups in
   fp32 with no per-group epilogue. (The GPTQ layout needed a byte permute and 4x the shared-memory reads per pair:
   ~300 instructions per group and warp against ~230, and 320 rows ran 15-20% slower.)
-* Each group's wgmma is waited for at once: an asynchronous wgmma reads its A registers after issue, and nothing
-  keeps the compiler from reusing them for the next group's weights (the H200 gave wrong sums; passing them to
-  the wait as deps keeps them live for LLVM only, and ptxas still reuses them); four CTAs of one warpgroup per SM
-  overlap one's unpacking with the others' mma instead. (A through shared memory allowed overlap within a CTA
-  but was slower: the tile's stores and reads cost more shared-memory bandwidth than the overlap won.)
+* An asynchronous wgmma reads its A registers after issue, but ptxas frees them at the issue (the wait's deps
+  reach LLVM only: ptxas sees them in a comment) and put the next group's weights there (wrong sums on the
+  H200). So LAUNCH and WIDE wait for each group's wgmma at once, and four CTAs of one warpgroup per SM overlap
+  one's unpacking with the others' mma. OVERLAPPED keeps a group's wgmma in flight while the next group is
+  unpacked, within the CTA: two A register sets, groups in pairs so each has fixed registers, each set held by
+  a never-executed store after the wait that retires its wgmma (`_hold`); one more ring stage, since the stage
+  the mma reads stays busy a group longer. It wins where one wave of 2 CTAs per SM holds the tiles without
+  split-K (the table below). (A through shared memory allowed overlap too but was slower: the tile's stores
+  and reads cost more shared-memory bandwidth than the overlap won.)
 * Split-K where the output tiles alone leave SMs idle, summed in fp64 in the split-K workspace (flush_tile:
   deterministic).
   The launch caps the registers (maxnreg) so that the CTAs fit an SM with the split's fp64 epilogue too (it
@@ -103,11 +107,32 @@ def _a_operand(w_stage, s_stage, BN: gl.constexpr, DT: gl.constexpr, words_layou
     s = s_stage.reshape([NB, 2, 8]).load(gl.SliceLayout(3, gl.SliceLayout(4, words_layout)))
     u = s.to(DT).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
     s2 = gl.expand_dims(gl.expand_dims(u | (u << 16), 3), 4) + gl.zeros([NB, 2, 8, 4, 4], gl.int32, words_layout)
-    p = gl.join(gl.join(_scaled_pair(words, s2, DT), _scaled_pair(words >> 4, s2, DT)),
-                gl.join(_scaled_pair(words >> 8, s2, DT), _scaled_pair(words >> 12, s2, DT)))  # [..., p0, p1]
+    p = _pairs(words, s2, DT)
     w = gl.join(p.to(gl.int16), (p >> 16).to(gl.int16)).to(DT, bitcast=True)       # [b, h, l, t, w, p0, p1, e]
     w = gl.permute(w, [0, 1, 2, 4, 6, 5, 3, 7])                                     # [b, h, l, w, p1, p0, t, e]
-    return gl.convert_layout(gl.reshape(w, [BN, 128]), a_op, assert_trivial=True)
+    return gl.convert_layout(gl.reshape(w, [BN, 128]), a_op, assert_trivial=True), p
+
+
+@gluon.jit
+def _pairs(words, s2, DT: gl.constexpr):
+    """The four scaled pairs of every word: int32 [..., p0, p1], the registers the A operand is made of."""
+    return gl.join(gl.join(_scaled_pair(words, s2, DT), _scaled_pair(words >> 4, s2, DT)),
+                   gl.join(_scaled_pair(words >> 8, s2, DT), _scaled_pair(words >> 12, s2, DT)))
+
+
+# _hold's instruction: 32 registers stored by a store that never runs (predicated on a warp count of 0)
+HOLD_ASM = gl.constexpr("{ .reg .pred p; .reg .u32 n; .reg .u64 a; mov.u32 n, %nwarpid; setp.eq.u32 p, n, 0; "
+                        "mov.u64 a, 0; " + "".join(f"@p st.global.v4.b32 [a], {{${i}, ${i + 1}, ${i + 2}, ${i + 3}}}; "
+                                                   for i in range(32, 64, 4)) + "}")
+HOLD_REGS = gl.constexpr(",".join(["=r"] * 32 + ["r"] * 32))
+
+
+@gluon.jit
+def _hold(p):
+    """A use of all 32 of a thread's A registers (p from _a_operand) that never runs: ptxas frees a wgmma's A
+    registers when the wgmma issues, although the tensor cores read them until its wait, so an operand still in
+    flight must be used after the wait that retires it."""
+    gl.inline_asm_elementwise(HOLD_ASM, HOLD_REGS, [p], dtype=gl.int32, is_pure=False, pack=32)
 
 
 @gluon.jit
@@ -125,11 +150,33 @@ def _copy_group(w_stage, s_stage, x_stage, w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x
 
 
 @gluon.jit
+def _group(g, g_lo, g_hi, N, acc, rings, copies, BN: gl.constexpr, DT: gl.constexpr, words: gl.constexpr,
+           a_op: gl.constexpr, AHEAD: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+    """Group g: wait for its ring stage, refill the stage AHEAD groups on, unpack the weights and issue the mma.
+    Returns acc and the A operand's registers (_pairs); with OVERLAP the mma is still in flight (the previous
+    group's has retired: its A registers may be reused once held), else it has retired."""
+    words_ring, scales_ring, acts_ring = rings
+    w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x_ok = copies
+    step = g - g_lo
+    async_copy.wait_group(AHEAD - 1)           # this thread's copies of group g have landed,
+    fence_async_shared()                       # are visible to the tensor cores' (async proxy) reads,
+    gl.thread_barrier()                        # and everyone's are; the mma that read the stage refilled next
+    nxt = (step + AHEAD) % STAGES              # retired (group g − 1's, or g − 2's with OVERLAP)
+    _copy_group(words_ring.index(nxt), scales_ring.index(nxt), acts_ring.index(nxt), w_ptrs, w_ok, s_ptrs, s_ok,
+                x_ptrs, x_ok, g + AHEAD, g_hi, N, True, True)
+    async_copy.commit_group()
+    cur = step % STAGES
+    a, p = _a_operand(words_ring.index(cur), scales_ring.index(cur), BN, DT, words, a_op)
+    acc = warpgroup_mma(a, acts_ring.index(cur).permute((1, 0)), acc, is_async=True)
+    return warpgroup_mma_wait(1 if OVERLAP else 0, deps=[acc]), p
+
+
+@gluon.jit
 def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K, stride_xm, stride_om, m_tiles,
                        splits, mma: gl.constexpr, a_op: gl.constexpr, words: gl.constexpr, w_copy: gl.constexpr,
                        s_copy: gl.constexpr, flat: gl.constexpr, x_copy: gl.constexpr, x_swizzled: gl.constexpr,
                        BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
-                       PDL: gl.constexpr):
+                       PDL: gl.constexpr, OVERLAP: gl.constexpr):
     # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/128, N, 16], s [K/128, N], out [M, N] (any float dtype);
     # ws fp32 [2·M·N] (as fp64 [M, N]) and cnt int32 [m_tiles · n_tiles] zeroed (kernels/splitk.py).
     # Grid (n_tiles · splits · m_tiles,): the m tiles of one column tile and K range run side by side (the weights
@@ -144,6 +191,8 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
     m0 = m_tile * BM
     n_groups = K // 128
     per_split = gl.cdiv(n_groups, splits)
+    if OVERLAP:     # groups go in pairs: an even count per split (the host checks K / 128 is even and cuts pairs)
+        per_split = 2 * gl.cdiv(n_groups // 2, splits)
     g_lo = split * per_split
     g_hi = gl.minimum(g_lo + per_split, n_groups)
     gl.assume(g_hi > g_lo)      # splits are never empty (a zero-trip path once made ptxas serialise the mma)
@@ -163,37 +212,38 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
     words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 16], flat)
     scales_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, 1, BN], flat)
     acts_ring = gl.allocate_shared_memory(DT, [STAGES, BM, 128], x_swizzled)
-    # Ring: STAGES − 1 groups ahead are in flight; a stage is refilled once every warpgroup's mma of it retired.
-    # The prologue's words and scales (constants) are requested before waiting for the previous kernel, which
-    # writes x.
-    for i in gl.static_range(STAGES - 1):
+    # Ring: AHEAD groups ahead are in flight; a stage is refilled once every warpgroup's mma of it retired. The
+    # prologue's words and scales (constants) are requested before waiting for the previous kernel, which writes x.
+    AHEAD: gl.constexpr = STAGES - 2 if OVERLAP else STAGES - 1
+    for i in gl.static_range(AHEAD):
         _copy_group(words_ring.index(i), scales_ring.index(i), acts_ring.index(i), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs,
                     x_ok, g_lo + i, g_hi, N, True, False)
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    for i in gl.static_range(STAGES - 1):
+    for i in gl.static_range(AHEAD):
         _copy_group(words_ring.index(i), scales_ring.index(i), acts_ring.index(i), w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs,
                     x_ok, g_lo + i, g_hi, N, False, True)
         async_copy.commit_group()
 
     acc = gl.zeros([BN, BM], gl.float32, mma)
-    for g in range(g_lo, g_hi):
-        step = g - g_lo
-        async_copy.wait_group(STAGES - 2)         # this thread's copies of group g have landed,
-        fence_async_shared()                       # are visible to the tensor cores' (async proxy) reads,
-        gl.thread_barrier()                        # and everyone's are; every warpgroup's mma of group g − 1 retired
-        nxt = (step + STAGES - 1) % STAGES
-        _copy_group(words_ring.index(nxt), scales_ring.index(nxt), acts_ring.index(nxt), w_ptrs, w_ok, s_ptrs, s_ok,
-                    x_ptrs, x_ok, g + STAGES - 1, g_hi, N, True, True)
-        async_copy.commit_group()
-        cur = step % STAGES
-        a = _a_operand(words_ring.index(cur), scales_ring.index(cur), BN, DT, words, a_op)
-        # waited for at once: an asynchronous wgmma reads its A registers after issue, and nothing keeps the
-        # compiler from reusing them for the next group's weights (wrong sums on the H200). The other CTAs of the
-        # SM overlap their unpacking with this one's mma instead.
-        acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(a, acts_ring.index(cur).permute((1, 0)), acc,
-                                                        is_async=True)])
+    rings = (words_ring, scales_ring, acts_ring)
+    copies = (w_ptrs, w_ok, s_ptrs, s_ok, x_ptrs, x_ok)
+    if OVERLAP:
+        # Group g's mma runs while group g + 1 is unpacked: two A register sets, each held until the wait that
+        # retires its mma; the loop goes by pairs so that each set has fixed registers.
+        zeros = gl.zeros([BN // 16, 2, 8, 4, 4], gl.int32, words)
+        held = _pairs(zeros, zeros, DT)
+        for g in range(g_lo, g_hi, 2):
+            acc, p0 = _group(g, g_lo, g_hi, N, acc, rings, copies, BN, DT, words, a_op, AHEAD, STAGES, True)
+            _hold(held)
+            acc, held = _group(g + 1, g_lo, g_hi, N, acc, rings, copies, BN, DT, words, a_op, AHEAD, STAGES, True)
+            _hold(p0)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _hold(held)
+    else:
+        for g in range(g_lo, g_hi):
+            acc, p = _group(g, g_lo, g_hi, N, acc, rings, copies, BN, DT, words, a_op, AHEAD, STAGES, False)
     async_copy.wait_group(0)
     if SPLIT:       # a constexpr: the fp64 adds' registers would otherwise count against every launch
         flush_tile(acc, n_tile, g_hi - g_lo, n_groups, out_ptr + m0 * stride_om, ws_ptr + 2 * m0 * N,
@@ -206,17 +256,25 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
 
 
 # Token tile, warps (BN = 16·warps columns), ring stages, and CTAs per SM (split-K fills them; registers are
-# capped to fit them): LAUNCH, one warpgroup per CTA, unless more than 64 rows make fewer of its tiles than two
-# waves of CTAs (the 27B shapes: out_proj and down at 320 rows), which take WIDE, two warpgroups per CTA. H200,
-# each timed beside cuBLAS bf16 in one run (us, qkvz / out_proj / attn / gate_up / down), LAUNCH against WIDE:
+# capped to fit them): OVERLAPPED where one wave of its 2 CTAs per SM holds every tile without split-K (the 27B
+# shapes: qkvz and attn up to 64 rows); else LAUNCH, one warpgroup per CTA, unless more than 64 rows make fewer of
+# its tiles than two waves of CTAs (out_proj and down at 320 rows), which take WIDE, two warpgroups per CTA.
+# H200, each timed beside cuBLAS bf16 in one run (us, qkvz / out_proj / attn / gate_up / down), LAUNCH against WIDE:
 # 40 rows 34.3 / 18.8 / 33.3 / 61.0 / 37.1 against 33.6 / 19.4 / 32.3 / 73.6 / 35.3; 64 rows 39.5 / 22.8 / 36.9 /
 # 61.8 / 39.5 against 40.2 / 24.7 / 37.7 / 76.2 / 40.7; 320 rows 115.0 / 54.3 / 109.6 / 244.2 / 146.1 against
 # 128.2 / 51.5 / 120.0 / 270.4 / 138.6 (in the layer step down at 320 rows: 171 against 144). 128-token tiles of
 # one warpgroup at 3 per SM: 320 rows qkvz 110.6, out_proj 65.4, down 175.8; at 2 per SM (3 stages) and
 # 256-token tiles slower throughout. Before: 64-token tiles at 2 CTAs per SM beat 128-token ones at 1 (gate_up at
 # 320 rows: 287 against 369 µs); 2 stages beat 3 and 4 at 320 rows (qkvz 138 / 148 / 160 µs) and tie at 40.
+# OVERLAPPED against LAUNCH at 20 / 40 / 64 rows: qkvz 28.6 / 29.7 / 27.5 against 31.0 / 34.1 / 39.0, attn 28.5 /
+# 29.2 / 27.3 against 30.6 / 33.1 / 36.8; where the tiles need split-K or waves it loses or ties: out_proj (3
+# splits) 16.0 / 17.5 / 19.4 against 15.5 / 18.5 / 22.6, down 35.9 / 37.8 / 37.8 against 34.3 / 36.6 / 38.9,
+# gate_up (2 waves) 74.3 / 76.0 / 72.2 against 60.3 / 61.1 / 62.3; 5 stages, 2 warpgroups, 32-token tiles no
+# better (but 32-token tiles of LAUNCH: gate_up at 20 rows 48.6); at 320 rows no faster (qkvz 124-143 against
+# 116 at 2-3 CTAs per SM and 3-4 stages).
 LAUNCH = dict(block_m=64, warps=4, stages=2, ctas_per_sm=4)
 WIDE = dict(block_m=64, warps=8, stages=2, ctas_per_sm=2)
+OVERLAPPED = dict(block_m=64, warps=4, stages=4, ctas_per_sm=2, overlap=True)
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
@@ -227,29 +285,40 @@ def supports(x: torch.Tensor, w: Int4Weight) -> bool:
 
 
 def pick(m: int, n: int, k: int, device, **override) -> dict:
-    """Launch parameters for m rows: LAUNCH or WIDE (entries can be overridden), and the split-K count that fills
-    the GPU."""
+    """Launch parameters for m rows: OVERLAPPED, LAUNCH or WIDE (entries can be overridden), and the split-K count
+    that fills the GPU (in pairs of groups with overlap)."""
     sms = gpu.num_sms(device)
-    narrow = triton.cdiv(m, LAUNCH["block_m"]) * triton.cdiv(n, 16 * LAUNCH["warps"])
-    p = dict(WIDE if m > 64 and narrow < 2 * LAUNCH["ctas_per_sm"] * sms else LAUNCH, **override)
+
+    def tiles(p):
+        return triton.cdiv(m, p["block_m"]) * triton.cdiv(n, 16 * p["warps"])
+
+    slots = OVERLAPPED["ctas_per_sm"] * sms
+    if slots < 2 * tiles(OVERLAPPED) <= 2 * slots and k % 256 == 0:
+        p = dict(OVERLAPPED, **override)
+    else:
+        p = dict(WIDE if m > 64 and tiles(LAUNCH) < 2 * LAUNCH["ctas_per_sm"] * sms else LAUNCH, **override)
     if "splits" not in p:
-        tiles = triton.cdiv(m, p["block_m"]) * triton.cdiv(n, 16 * p["warps"])
-        p["splits"] = split_count(tiles, k // 128, p["ctas_per_sm"], sms)
+        pairs = 2 if p.get("overlap") else 1
+        p["splits"] = split_count(tiles(p), k // 128 // pairs, p["ctas_per_sm"], sms)
     return p
 
 
 def int4_wgmma(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_m: int = None, warps: int = None,
-               stages: int = None, splits: int = None, ctas_per_sm: int = None) -> torch.Tensor:
-    """x [..., K] (bf16/fp16) → out [..., N] (any float dtype); launch parameters default to pick()."""
+               stages: int = None, splits: int = None, ctas_per_sm: int = None, overlap: bool = None) -> torch.Tensor:
+    """x [..., K] (bf16/fp16) → out [..., N] (any float dtype); launch parameters default to pick() (overlap: the
+    OVERLAPPED loop, which needs 3+ stages and an even number of groups)."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     out2 = out.view(-1, n)
     assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
     given = {key: v for key, v in dict(block_m=block_m, warps=warps, stages=stages, splits=splits,
-                                       ctas_per_sm=ctas_per_sm).items() if v is not None}
+                                       ctas_per_sm=ctas_per_sm, overlap=overlap).items() if v is not None}
     p = pick(m, n, k, x.device, **given)
     bm, warps, stages = p["block_m"], p["warps"], p["stages"]
+    assert not p.get("overlap") or (stages >= 3 and k % 256 == 0), "overlap: 3+ stages, groups in pairs"
+    unit = 2 if p.get("overlap") else 1                               # no split may be empty (the kernel's cut)
+    assert (p["splits"] - 1) * unit * triton.cdiv(k // 128 // unit, p["splits"]) < k // 128, p
     bn = 16 * warps
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     pdl = gpu.pdl(x.device)
@@ -259,5 +328,6 @@ def int4_wgmma(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_m: int =
     _int4_wgmma_kernel[(n_tiles * p["splits"] * m_tiles,)](
         x2, w.qweight, w.scales, out2, ws, cnt, m, n // 8, k, x2.stride(0), out2.stride(0), m_tiles, p["splits"],
         mma, a_op, words, w_copy, s_copy, flat, x_copy, x_swizzled, bn, bm, stages, p["splits"] > 1, pdl,
+        p.get("overlap", False),
         num_warps=warps, launch_pdl=pdl, maxnreg=min(255, 65536 // (p["ctas_per_sm"] * warps * 32)))
     return out
