@@ -15,7 +15,10 @@ a token at ~3.8 cycles each, ncu), so the table trades lanes for registers per w
 same launch (the width invariance), so T 1 gives back a little where T 5 gains; B 2 and fp32 states keep the old
 layout (there the others were no faster). Tried and not kept (session 12, T 5 / T 1 at B 1): 32 lanes along dk
 with 4-16 columns per program (4-8 state elements a thread, up to 46 warps per SM): 19-60 us, and 8-16 columns
-on 16 lanes along dk 20-32 us (not profiled); the slot row and the state tile read before the wait for the
+on 16 lanes along dk 20-32 us: their stores cover 4-8 bytes of a row per thread and less than a 32-byte sector
+per warp, so L2 takes 4-8x the written sectors (ncu: 46 and 95 MB for 8 MB of states; full-sector stores need
+16 columns a warp, i.e. 64 / warps-along-dk elements a thread); 4-8 warps along dk (16-32 columns; one exchange
+between the warps per token) 6.9-10.9 us; the slot row and the state tile read before the wait for the
 previous kernel (they come from an earlier step, so they could be): 5.77 / 3.47 against 5.73 / 2.75 us.
 Shapes and slots: as kernels/gdn_recurrent.gdn_verify (its docstring)."""
 import triton
