@@ -14,7 +14,7 @@ side), and per group of 128 k:
   fp32 with no per-group epilogue. (The GPTQ layout needed a byte permute and 4x the shared-memory reads per pair:
   ~300 instructions per group and warp against ~230, and 320 rows ran 15-20% slower.)
 * An asynchronous wgmma reads its A registers after issue, but ptxas frees them at the issue (the wait's deps
-  reach LLVM only: ptxas sees them in a comment) and put the next group's weights there (wrong sums on the
+  reach LLVM only: ptxas sees them in a comment) and puts the next group's weights there (wrong sums on the
   H200). So LAUNCH and WIDE wait for each group's wgmma at once, and four CTAs of one warpgroup per SM overlap
   one's unpacking with the others' mma. OVERLAPPED keeps a group's wgmma in flight while the next group is
   unpacked, within the CTA: two A register sets, groups in pairs so each has fixed registers, each set held by
