@@ -31,6 +31,10 @@ side), and per group of 128 k:
 Measured on the H200 (bench/results/kernels-h200.md). ncu at 320 rows (GPTQ layout): the SMs issued ~2
 instructions per cycle, mostly unpacking, the tensor cores half idle; with the mma layout (128 x 64 tiles, qkvz):
 tensor pipe active 51% of the SMs' active cycles, the CTA barrier the first stall, and 640 CTAs made 2.42 waves.
+Session 12, qkvz at 320 rows (LAUNCH, 64 x 64 tiles): L2 throughput 72% of its peak, SM 49%, 2.0 instructions
+per cycle — every 64-column tile reads all the activations from L2 again (839 MB a launch, against 42 MB of
+weights); 128-token tiles at 3 per SM: L2 66%, SM 62%. Wider column tiles per CTA (fewer activation passes)
+need more warps on one tile without the CTA barrier's lockstep (WIDE, 2 warpgroups, is slower here).
 Tried and not kept (H200, same harness): stream-K ranges over (tile, group) units, alone or after whole waves of
 one tile per CTA — a tile's flush inside the range costs more than the balance wins (qkvz 320 rows 128 -> 154 us,
 40 rows 34 -> 57).
