@@ -261,8 +261,9 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
 
 # Token tile, warps (BN = 16·warps columns), ring stages, and CTAs per SM (split-K fills them; registers are
 # capped to fit them): OVERLAPPED where one wave of its 2 CTAs per SM holds every tile without split-K (the 27B
-# shapes: qkvz and attn up to 64 rows); else LAUNCH, one warpgroup per CTA, unless more than 64 rows make fewer of
-# its tiles than two waves of CTAs (out_proj and down at 320 rows), which take WIDE, two warpgroups per CTA.
+# shapes: qkvz and attn up to 64 rows); NARROW (below); else LAUNCH, one warpgroup per CTA, unless more than 64
+# rows make fewer of its tiles than two waves of CTAs (out_proj and down at 320 rows), which take WIDE, two
+# warpgroups per CTA.
 # H200, each timed beside cuBLAS bf16 in one run (us, qkvz / out_proj / attn / gate_up / down), LAUNCH against WIDE:
 # 40 rows 34.3 / 18.8 / 33.3 / 61.0 / 37.1 against 33.6 / 19.4 / 32.3 / 73.6 / 35.3; 64 rows 39.5 / 22.8 / 36.9 /
 # 61.8 / 39.5 against 40.2 / 24.7 / 37.7 / 76.2 / 40.7; 320 rows 115.0 / 54.3 / 109.6 / 244.2 / 146.1 against
@@ -276,9 +277,12 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
 # gate_up (2 waves) 74.3 / 76.0 / 72.2 against 60.3 / 61.1 / 62.3; 5 stages, 2 warpgroups, 32-token tiles no
 # better (but 32-token tiles of LAUNCH: gate_up at 20 rows 48.6); at 320 rows no faster (qkvz 124-143 against
 # 116 at 2-3 CTAs per SM and 3-4 stages).
+# NARROW: up to 32 rows where LAUNCH's tiles need a second wave (gate_up: 544 tiles on 528 slots), 32-token tiles
+# overlapped at 3 CTAs per SM: gate_up at 20 rows 48.6 against 60.3 (at 40 rows, two token tiles: 81.7 against 61.1).
 LAUNCH = dict(block_m=64, warps=4, stages=2, ctas_per_sm=4)
 WIDE = dict(block_m=64, warps=8, stages=2, ctas_per_sm=2)
 OVERLAPPED = dict(block_m=64, warps=4, stages=4, ctas_per_sm=2, overlap=True)
+NARROW = dict(block_m=32, warps=4, stages=4, ctas_per_sm=3, overlap=True)
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
@@ -289,8 +293,8 @@ def supports(x: torch.Tensor, w: Int4Weight) -> bool:
 
 
 def pick(m: int, n: int, k: int, device, **override) -> dict:
-    """Launch parameters for m rows: OVERLAPPED, LAUNCH or WIDE (entries can be overridden), and the split-K count
-    that fills the GPU (in pairs of groups with overlap)."""
+    """Launch parameters for m rows: OVERLAPPED, NARROW, LAUNCH or WIDE (entries can be overridden), and the
+    split-K count that fills the GPU (in pairs of groups with overlap)."""
     sms = gpu.num_sms(device)
 
     def tiles(p):
@@ -299,6 +303,8 @@ def pick(m: int, n: int, k: int, device, **override) -> dict:
     slots = OVERLAPPED["ctas_per_sm"] * sms
     if slots < 2 * tiles(OVERLAPPED) <= 2 * slots and k % 256 == 0:
         p = dict(OVERLAPPED, **override)
+    elif m <= NARROW["block_m"] and tiles(LAUNCH) > LAUNCH["ctas_per_sm"] * sms and k % 256 == 0:
+        p = dict(NARROW, **override)
     else:
         p = dict(WIDE if m > 64 and tiles(LAUNCH) < 2 * LAUNCH["ctas_per_sm"] * sms else LAUNCH, **override)
     if "splits" not in p:

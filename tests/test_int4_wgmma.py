@@ -22,7 +22,8 @@ def rounded_ref(x, w):
 
 # M: one ragged token tile, several, tails of 1; N: odd multiples of 8 (ragged column tile); K: odd numbers of
 # groups (splits that end unevenly, one group each); both token tiles, one warpgroup (LAUNCH) or two (WIDE) per CTA,
-# 2-5 ring stages, split and not; the overlapped loop (pairs of groups: even counts, splits of 3 and of 5 + 4 pairs)
+# 2-5 ring stages, split and not; the overlapped loop (pairs of groups: even counts, splits of 3 and of 5 + 4 pairs;
+# 32-token tiles)
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg", [
     (17, 136, 384, torch.bfloat16, torch.float16, dict(block_m=64, stages=2, splits=1)),
     (40, 200, 640, torch.float16, torch.float16, dict(block_m=64, stages=4, splits=2)),
@@ -36,6 +37,7 @@ def rounded_ref(x, w):
     (65, 264, 2304, torch.bfloat16, torch.float16, dict(block_m=64, stages=3, splits=2, warps=8, ctas_per_sm=1,
                                                         overlap=True)),
     (130, 136, 512, torch.float16, torch.bfloat16, dict(block_m=128, stages=3, splits=1, ctas_per_sm=2, overlap=True)),
+    (27, 520, 1024, torch.bfloat16, torch.float16, dict(block_m=32, stages=4, splits=1, ctas_per_sm=3, overlap=True)),
 ])
 def test_int4_wgmma(m, n, k, xdt, sdt, cfg):
     x, w = int4_case(m, n, k, xdt, sdt, m * 1000 + n + k)
