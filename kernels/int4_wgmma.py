@@ -247,7 +247,7 @@ def _int4_wgmma_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N8, K,
         _hold(held)
     else:
         for g in range(g_lo, g_hi):
-            acc, p = _group(g, g_lo, g_hi, N, acc, rings, copies, BN, DT, words, a_op, AHEAD, STAGES, False)
+            acc, _ = _group(g, g_lo, g_hi, N, acc, rings, copies, BN, DT, words, a_op, AHEAD, STAGES, False)
     async_copy.wait_group(0)
     if SPLIT:       # a constexpr: the fp64 adds' registers would otherwise count against every launch
         flush_tile(acc, n_tile, g_hi - g_lo, n_groups, out_ptr + m0 * stride_om, ws_ptr + 2 * m0 * N,
@@ -301,9 +301,10 @@ def pick(m: int, n: int, k: int, device, **override) -> dict:
         return triton.cdiv(m, p["block_m"]) * triton.cdiv(n, 16 * p["warps"])
 
     slots = OVERLAPPED["ctas_per_sm"] * sms
-    if slots < 2 * tiles(OVERLAPPED) <= 2 * slots and k % 256 == 0:
+    pairs_fit = k % 256 == 0                                          # the overlapped loop takes groups in pairs
+    if pairs_fit and slots < 2 * tiles(OVERLAPPED) <= 2 * slots:
         p = dict(OVERLAPPED, **override)
-    elif m <= NARROW["block_m"] and tiles(LAUNCH) > LAUNCH["ctas_per_sm"] * sms and k % 256 == 0:
+    elif pairs_fit and m <= NARROW["block_m"] and tiles(LAUNCH) > LAUNCH["ctas_per_sm"] * sms:
         p = dict(NARROW, **override)
     else:
         p = dict(WIDE if m > 64 and tiles(LAUNCH) < 2 * LAUNCH["ctas_per_sm"] * sms else LAUNCH, **override)
