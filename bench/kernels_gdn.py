@@ -14,6 +14,7 @@ import triton
 from bench.harness import row, suite_main, time_us
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import chunk_prepare, chunk_states, gdn_prefill, prefill_workspace
+from kernels.gdn_common import state_pool
 from kernels.gdn_recurrent import gdn_verify
 
 HV, HK, D, K, KD = 48, 16, 128, 4, 4
@@ -44,7 +45,9 @@ def timed_row(name, shape, fn, nbytes, flops, peak, out, **kw):
 VERIFY_SWEEP = [(d, bv, w, False, None) for d in (False, True) for bv, w in ((16, 1), (32, 2), (64, 4))]
 GLUON_SWEEP = [(False, None, None, True, launch) for launch in
                ((16, 2, 4, False), (32, 2, 4, False), (16, 2, 8, False), (32, 2, 8, False), (32, 4, 8, False),
-                (64, 4, 8, False), (32, 2, 16, True), (16, 1, 16, True), (64, 4, 16, True), (8, 2, 4, False))]
+                (64, 4, 8, False), (32, 2, 16, True), (16, 1, 16, True), (64, 4, 16, True), (8, 2, 4, False),
+                (16, 2, 16, True), (8, 1, 16, True), (32, 4, 16, True), (8, 2, 32, True), (16, 4, 32, True),
+                (16, 2, 8, True), (8, 1, 8, True), (32, 4, 8, True), (16, 1, 8, True))]
 
 
 @triton.jit
@@ -63,28 +66,35 @@ def floor_rows(nbytes, grid, peak, out):
 
 
 def verify_rows(peak, sweep):
+    """The default update on the engine's state layout (dk fastest: kernels/gdn_common.state_pool); beside it the
+    same on transformers' layout (dv fastest), where the Triton kernel and the chunk form are also timed."""
     out = []
-    for B, sdt in [(1, torch.float16), (8, torch.float16), (64, torch.float16), (1, torch.float32),
-                   (8, torch.float32)]:
+    widths = (1, 2, 4, 8, 16, 64) if sweep else (1, 8, 64)
+    for B, sdt in [(B, torch.float16) for B in widths] + [(1, torch.float32), (8, torch.float32)]:
         inputs = layer_inputs(B, T)
-        pool = torch.zeros(B * T, HV, D, D, device=DEV, dtype=sdt)
         slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T)
         num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV)
         o = torch.empty(B, T, HV, D, device=DEV, dtype=torch.bfloat16)
-        nbytes = (1 + T) * B * HV * D * D * pool.element_size() + B * T * (C + 2 * HV + HV * D) * 2
-        # the default (token by token, width-invariant: the Gluon kernel), the same scheme as the Triton kernel, the
-        # opt-in chunk form, at their default launches
-        configs = [(False, None, None, None, None), (False, None, None, False, None)]
-        configs += [(True, None, None, None, None)] if sdt == torch.float16 else []
-        configs += VERIFY_SWEEP if sweep and sdt == torch.float16 else []
-        configs += GLUON_SWEEP if sweep else []
-        for dot, bv, warps, gluon, launch in configs:
-            name = "gdn_verify" + (f"[gluon,{launch}]" if launch else f"[{'dot' if dot else 'fma'},bv{bv},w{warps}]"
-                                   if bv else "[chunk form]" if dot else "[triton]" if gluon is False else "")
-            timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
-                      lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps,
-                                         proj_dot=dot, gluon=gluon, gluon_launch=launch),
-                      nbytes, 8 * B * T * HV * D * D, peak, out)
+        nbytes = (1 + T) * B * HV * D * D * sdt.itemsize + B * T * (C + 2 * HV + HV * D) * 2
+        for dk_major in (True, False):
+            pool = (state_pool(B * T, HV, D, D, sdt, DEV) if dk_major
+                    else torch.zeros(B * T, HV, D, D, device=DEV, dtype=sdt))
+            # the default launch; on the dv-fastest layout also the Triton kernel and the opt-in chunk form
+            configs = [(False, None, None, None, None)]
+            if not dk_major:
+                configs += [(False, None, None, False, None)]
+                configs += [(True, None, None, None, None)] if sdt == torch.float16 else []
+                configs += VERIFY_SWEEP if sweep and sdt == torch.float16 else []
+            configs += GLUON_SWEEP if sweep else []
+            for dot, bv, warps, gluon, launch in configs:
+                name = "gdn_verify" + (f"[gluon,{launch}]" if launch else f"[{'dot' if dot else 'fma'},bv{bv},w{warps}]"
+                                       if bv else "[chunk form]" if dot else "[triton]" if gluon is False else "")
+                name += "" if dk_major else "[dv fastest]"
+                timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
+                          lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps,
+                                             proj_dot=dot, gluon=gluon, gluon_launch=launch),
+                          nbytes, 8 * B * T * HV * D * D, peak, out)
+            del pool
         if B == 1 and sdt == torch.float16:
             floor_rows(nbytes, (B, HV, D // 16), peak, out)
     return out
@@ -107,7 +117,7 @@ def conv_rows(peak):
 
 def prefill_rows(peak, sweep, L=4096):
     q, k, v, a, b, A_log, dt_bias = layer_inputs(1, L)
-    pool = torch.zeros(2, HV, D, D, device=DEV)
+    pool = state_pool(2, HV, D, D, torch.float32, DEV)
     init, final = torch.tensor([0], dtype=torch.int32, device=DEV), torch.tensor([1], dtype=torch.int32, device=DEV)
     o = torch.empty(1, L, HV, D, device=DEV, dtype=torch.bfloat16)
     ws = prefill_workspace(1, L, HV, D, D, DEV)
@@ -124,8 +134,9 @@ def prefill_rows(peak, sweep, L=4096):
     configs = [(None, None)] + (list(itertools.product((32, 64), ((4, 4), (8, 4), (8, 8)))) if sweep else [])
     for bv, warps in configs:
         name = "gdn_prefill" + ("" if bv is None else f"[bv{bv},w{warps[0]}/{warps[1]}]")
+        launch = dict(block_v=bv, num_warps=warps) if bv else {}       # else gdn_prefill's defaults
         timed_row(name, shape, lambda: gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, init, final, out=o,
-                                                   workspace=ws, block_v=bv, num_warps=warps or (8, 4)),
+                                                   workspace=ws, **launch),
                   nbytes, flops, peak, out, reps=5, trials=3)
     return out
 

@@ -20,6 +20,7 @@ from bench.kernels_int4 import int4_bytes, random_int4
 from kernels import device as gpu
 from kernels.attention_verify import alloc_partials, choose_nseg, verify_attention
 from kernels.conv1d import causal_conv1d
+from kernels.gdn_common import state_pool
 from kernels.gdn_recurrent import gdn_verify
 from kernels.int4_linear import int4_linear
 from kernels.kv_write import kv_cache, write_kv
@@ -67,7 +68,8 @@ class Layer:
             self.A_log = torch.rand(dm.hv, device=device)
             self.dt_bias = torch.randn(dm.hv, device=device)
             self.gnorm_w = torch.randn(dm.dk, device=device)
-            self.pool = torch.randn(B * T, dm.hv, dm.dk, dm.dk, dtype=torch.float16, device=device) * 0.1
+            self.pool = state_pool(B * T, dm.hv, dm.dk, dm.dk, torch.float16, device)      # the engine's layout
+            self.pool.copy_(torch.randn_like(self.pool) * 0.1)
             self.state_slots = torch.arange(B * T, dtype=torch.int32, device=device).view(B, T)
             self.rows = torch.arange(B, dtype=torch.int32, device=device)
             self.num_acc = torch.full((B,), T, dtype=torch.int32, device=device)

@@ -17,7 +17,7 @@ dot operands are fp16 (the same 10-bit mantissa as tf32, half its shared memory:
 so W, U and |v| must stay below fp16's 65504 (true for post-conv activations).
 
 Shapes (per layer): q, k [B, L, Hk, dk]; v [B, L, Hv, dv]; a, b [B, L, Hv]; A_log, dt_bias [Hv];
-state [num_slots, Hv, dk, dv] fp16/fp32; initial_slots, final_slots [B] int32 (initial < 0: start from zeros,
+state [num_slots, Hv, dk, dv] fp16/fp32 (dv or dk fastest: kernels/gdn_common.state_pool); initial_slots, final_slots [B] int32 (initial < 0: start from zeros,
 final < 0: no write; they may be equal); o [B, L, Hv, dv] in v's dtype.
 Workspace: W [B, Hv, Lp, dk], U [B, Hv, Lp, dv] fp16, scratch [B * Hv * n_chunks, C, C] fp32; Lp = n_chunks * C.
 """
@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu
-from kernels.gdn_common import gdn_gates
+from kernels.gdn_common import dk_fastest, gdn_gates
 from kernels.gdn_recurrent import l2norm
 
 
@@ -129,7 +129,7 @@ def _chunk_state_kernel(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_pt
                         final_ptr, o_ptr, L, LP,
                         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sa_b, sa_t, sb_b, sb_t, so_b, so_t, so_h, scale,
                         HV: tl.constexpr, KV_GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                        BV: tl.constexpr, CH: tl.constexpr):
+                        BV: tl.constexpr, CH: tl.constexpr, DK_FASTEST: tl.constexpr):
     bh = tl.program_id(0)
     bi = bh // HV
     h = bh % HV
@@ -139,7 +139,10 @@ def _chunk_state_kernel(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_pt
     rows = tl.arange(0, CH)[:, None]
     cols = tl.arange(0, CH)[None, :]
 
-    tile = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    if DK_FASTEST:                                      # the state stored as [slots, Hv, DV, DK]
+        tile = h * DK * DV + offs_k[:, None] + offs_v[None, :] * DK
+    else:
+        tile = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
     first = tl.load(init_ptr + bi)
     S = tl.load(state_ptr + first.to(tl.int64) * (HV * DK * DV) + tile, mask=first >= 0, other=0.0)
     S = S.to(tl.float32)
@@ -179,7 +182,7 @@ def prefill_workspace(B, L, HV, DK, DV, device, chunk=64):
             torch.empty(B * HV * n, chunk, chunk, device=device))
 
 
-def chunk_prepare(k, v, a, b, A_log, dt_bias, workspace, chunk=64, num_warps=8):
+def chunk_prepare(k, v, a, b, A_log, dt_bias, workspace, chunk=64, num_warps=4):
     """First pass of gdn_prefill: W and U of every (chunk, head) into the workspace."""
     B, L, HK, DK = k.shape
     HV, DV = v.shape[2], v.shape[3]
@@ -209,7 +212,8 @@ def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, 
         q, k, a, b, A_log, dt_bias, w, u, state, initial_slots, final_slots, o, L, w.shape[2],
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), o.stride(0), o.stride(1), o.stride(2), DK ** -0.5,
-        HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv, CH=chunk, num_warps=num_warps, num_stages=stages)
+        HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv, CH=chunk, DK_FASTEST=dk_fastest(state, HV, DK, DV),
+        num_warps=num_warps, num_stages=stages)
 
 
 def gdn_prefill(q, k, v, a, b, A_log, dt_bias, state, initial_slots, final_slots, out=None, workspace=None,
@@ -219,7 +223,7 @@ def gdn_prefill(q, k, v, a, b, A_log, dt_bias, state, initial_slots, final_slots
     B, L, HK, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     assert k.shape == q.shape and v.shape[:2] == (B, L) and a.shape == b.shape == (B, L, HV)
-    assert state.shape[1:] == (HV, DK, DV) and state.is_contiguous() and HV % HK == 0
+    assert HV % HK == 0
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and a.stride(-1) == b.stride(-1) == 1
     assert chunk in (16, 32, 64) and initial_slots.shape == final_slots.shape == (B,)
     ws = workspace or prefill_workspace(B, L, HV, DK, DV, q.device, chunk)

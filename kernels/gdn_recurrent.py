@@ -15,7 +15,8 @@ Shapes (per layer):
     v             [B, T, Hv, dv]
     a, b          [B, T, Hv]       raw projections (gating is applied here)
     A_log, dt_bias [Hv]
-    state         [num_slots, Hv, dk, dv]  fp16 or fp32, HF layout (dk rows, dv contiguous)
+    state         [num_slots, Hv, dk, dv]  fp16 or fp32: dv fastest (transformers' layout) or dk fastest (the
+                                   engine's: kernels/gdn_common.state_pool)
     state_slots   [B, T] int32     slot id per draft position; a negative id = padding (see below)
     num_accepted  [B] int32        accepted drafts + 1 from the previous round; initial state = slot column
                                    clamp(num_accepted - 1, 0, T - 1), so 0 or garbage never indexes out of bounds
@@ -30,7 +31,7 @@ import triton.language as tl
 from kernels import device as gpu
 from kernels import gdn_recurrent_gluon as gdn_gluon
 from kernels.device import pdl_wait
-from kernels.gdn_common import gdn_gates, slot_row
+from kernels.gdn_common import dk_fastest, gdn_gates, slot_row
 
 L2NORM_EPS = 1e-6
 
@@ -105,17 +106,21 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
                        sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sa_b, sa_t, sb_b, sb_t,
                        so_b, so_t, so_h, ss_b,
                        scale, T: tl.constexpr, TP: tl.constexpr, HV: tl.constexpr, KV_GROUP: tl.constexpr,
-                       DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PROJ_DOT: tl.constexpr,
+                       DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, DK_FASTEST: tl.constexpr,
+                       PROJ_DOT: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, RELOAD_K: tl.constexpr, PDL: tl.constexpr):
-    # q, k [B, T, Hk, DK]; v, o [B, T, Hv, DV]; a, b [B, T, Hv]; state [slots, Hv, DK, DV]; slots [B, T]
-    # grid (B, Hv, DV / BV); S [DK, BV] fp32 in registers; TP >= max(T, 8) a power of 2. The token loops are
+    # q, k [B, T, Hk, DK]; v, o [B, T, Hv, DV]; a, b [B, T, Hv]; state [slots, Hv, DK, DV] (DK_FASTEST: stored
+    # as [slots, Hv, DV, DK]); slots [B, T]. Grid (B, Hv, DV / BV); S [DK, BV] fp32 in registers; TP >= max(T, 8) a power of 2. The token loops are
     # unrolled and per-token values are tuples.
     bi = tl.program_id(0)
     h = tl.program_id(1)
     kh = h // KV_GROUP
     offs_k = tl.arange(0, DK)
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
-    tile = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    if DK_FASTEST:                                      # the state's strides as constants: kernels/gdn_common.py
+        tile = h * DK * DV + offs_k[:, None] + offs_v[None, :] * DK
+    else:
+        tile = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
     A_log = tl.load(A_log_ptr + h).to(tl.float32)      # weights: read while the previous kernel finishes
     dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
     pdl_wait(PDL)
@@ -220,7 +225,8 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     B, T, HK, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and a.shape == b.shape == (B, T, HV)
-    assert state.shape[1:] == (HV, DK, DV) and state.is_contiguous() and state_slots.shape == (B, T)
+    assert state_slots.shape == (B, T)
+    dk_major = dk_fastest(state, HV, DK, DV)
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and a.stride(-1) == b.stride(-1) == 1
     assert state_slots.stride(-1) == 1 and HV % HK == 0
     o = torch.empty(B, T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
@@ -237,13 +243,13 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     sms = gpu.num_sms(v.device)
     fp16 = state.element_size() == 2
     narrow = B * HV * triton.cdiv(DV, 16) <= 4 * sms
-    launch = gluon_launch or gdn_gluon.pick(B, HV, DV, fp16, sms)
+    launch = gluon_launch or gdn_gluon.pick(B, HV, DV, fp16, sms, dk_major)
     if gluon is None:
         gluon = (not proj_dot and block_v is None and num_warps is None and not gpu.INTERPRET and v.is_cuda
                  and gpu.capability(v.device) >= (8, 0) and gdn_gluon.fits(DK, DV, launch))
     if gluon:
         assert not proj_dot and gdn_gluon.fits(DK, DV, launch), (DK, DV, launch)
-        gdn_gluon.launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, launch)
+        gdn_gluon.launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, launch, dk_major)
         return o
     mid = not narrow and not proj_dot and fp16 and B * HV * triton.cdiv(DV, 32) <= 16 * sms
     bv = block_v or min(16 if narrow else 32 if mid else 64, DV)
@@ -258,6 +264,6 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0),
         DK ** -0.5, T=T, TP=max(8, triton.next_power_of_2(T)), HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv,
-        PROJ_DOT=proj_dot, DOT_PRECISION="tf32" if exact else "tf32x3", RELOAD_K=not narrow, num_warps=num_warps,
+        DK_FASTEST=dk_major, PROJ_DOT=proj_dot, DOT_PRECISION="tf32" if exact else "tf32x3", RELOAD_K=not narrow, num_warps=num_warps,
         **gpu.pdl_args(v.device))
     return o

@@ -20,6 +20,14 @@ per warp, so L2 takes 4-8x the written sectors (ncu: 46 and 95 MB for 8 MB of st
 16 columns a warp, i.e. 64 / warps-along-dk elements a thread); 4-8 warps along dk (16-32 columns; one exchange
 between the warps per token) 6.9-10.9 us; the slot row and the state tile read before the wait for the
 previous kernel (they come from an earlier step, so they could be): 5.77 / 3.47 against 5.73 / 2.75 us.
+State layout: the engine stores the state dk fastest (kernels/gdn_common.state_pool), where the S layout runs its
+registers and lanes along dk (each thread stores 16 contiguous bytes of a row), and one launch, (16, 2, 8, dk), is
+the fastest or within noise of it at every width (H200, T 5, fp16, two sweeps, us against the dv-fastest layout's
+table: B 1 4.9-5.4 against 5.7-5.8, B 2 6.9-8.1 against 8.4-8.8, B 4 12.2 against 12.4-16.1, B 8 25.6-27.5
+against 27.1, B 16 51.5 against 57.2, B 64 214 against 231): decode and verify then take the same launch whatever
+the batch bucket. An fp32 state dk fastest takes (8, 2, 32, v): B 1 / 8 6.5-7.1 / 44.6-45.3 against 6.7-7.1 /
+50.1-50.2. Small tiles (4-8 columns, 32 lanes along dk) no longer split sectors there, yet are no faster (B 1:
+6.2-10.2 us): the per-token chain, not the stores, bounds them.
 Shapes and slots: as kernels/gdn_recurrent.gdn_verify (its docstring)."""
 import triton
 from triton.experimental import gluon
@@ -38,7 +46,7 @@ def fits(dk: int, dv: int, cfg: tuple) -> bool:
     return dk & (dk - 1) == 0 and dk >= max(32, rows) and bv % cols == 0 and dv % bv == 0
 
 
-def layouts(dk: int, cfg: tuple):
+def layouts(dk: int, cfg: tuple, dk_fastest: bool = False):
     """(S [DK, BV] on lanes_dk x (32 / lanes_dk) lanes and the warps along dk or v; a [DK] vector whole in every
     warp, DK / 32 values per lane, for the norms: their reductions then stay inside a warp)."""
     assert fits(dk, cfg[0], cfg), (dk, cfg)
@@ -46,7 +54,8 @@ def layouts(dk: int, cfg: tuple):
     wd, wv = (1, warps) if along_v else (warps, 1)
     lanes_v = 32 // lanes_dk
     s = gl.BlockedLayout(size_per_thread=[dk // (lanes_dk * wd), bv // (lanes_v * wv)],
-                         threads_per_warp=[lanes_dk, lanes_v], warps_per_cta=[wd, wv], order=[1, 0])
+                         threads_per_warp=[lanes_dk, lanes_v], warps_per_cta=[wd, wv],
+                         order=[0, 1] if dk_fastest else [1, 0])
     regs = (dk // 32).bit_length() - 1
     vec = gl.DistributedLinearLayout(reg_bases=[[1 << i] for i in range(regs)],
                                      lane_bases=[[1 << (regs + i)] for i in range(5)],
@@ -54,17 +63,21 @@ def layouts(dk: int, cfg: tuple):
     return s, vec
 
 
-# Launch (BV, warps, lanes_dk, along_v) by the 32-column tiles per SM (at most; None: beyond) on an fp16 state; an
-# fp32 state takes FP32_LAUNCH at every width. H200 sweep: the module docstring.
-FP16_LAUNCHES = ((1.5, (16, 2, 8, False)), (3, (32, 2, 4, False)), (12, (32, 2, 8, False)), (None, (64, 4, 16, True)))
-FP32_LAUNCH = (32, 2, 4, False)
+# Launch (BV, warps, lanes_dk, along_v) by the 32-column tiles per SM (at most; None: beyond) on an fp16 state
+# stored dv fastest; dk fastest (kernels/gdn_common.state_pool) takes one launch at every width; an fp32 state takes
+# FP32_LAUNCH. H200 sweeps: the module docstring.
+FP16_LAUNCHES = {False: ((1.5, (16, 2, 8, False)), (3, (32, 2, 4, False)), (12, (32, 2, 8, False)),
+                         (None, (64, 4, 16, True))),
+                 True: ((None, (16, 2, 8, False)),)}
+FP32_LAUNCH = {False: (32, 2, 4, False), True: (8, 2, 32, True)}
 
 
-def pick(B: int, HV: int, DV: int, fp16: bool, sms: int) -> tuple:
-    """The launch for a batch width (never for a token count: decode and verify must take the same one); at most DV
-    columns per program."""
+def pick(B: int, HV: int, DV: int, fp16: bool, sms: int, dk_fastest: bool = False) -> tuple:
+    """The launch for a batch width and state layout (never for a token count: decode and verify must take the
+    same one); at most DV columns per program."""
     per_sm = B * HV * triton.cdiv(DV, 32) / sms
-    cfg = FP32_LAUNCH if not fp16 else next(c for bound, c in FP16_LAUNCHES if bound is None or per_sm <= bound)
+    table = FP16_LAUNCHES[dk_fastest]
+    cfg = FP32_LAUNCH[dk_fastest] if not fp16 else next(c for bound, c in table if bound is None or per_sm <= bound)
     return (min(cfg[0], DV),) + cfg[1:]
 
 
@@ -84,9 +97,10 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
                              sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sa_b, sa_t, sb_b, sb_t,
                              so_b, so_t, so_h, ss_b, scale,
                              T: gl.constexpr, HV: gl.constexpr, KV_GROUP: gl.constexpr, DK: gl.constexpr,
-                             DV: gl.constexpr, BV: gl.constexpr, S_LAYOUT: gl.constexpr, VEC: gl.constexpr,
-                             PDL: gl.constexpr):
-    # q, k [B, T, Hk, DK]; v, o [B, T, Hv, DV]; a, b [B, T, Hv]; state [slots, Hv, DK, DV]; slots [B, T].
+                             DV: gl.constexpr, BV: gl.constexpr, DK_FASTEST: gl.constexpr, S_LAYOUT: gl.constexpr,
+                             VEC: gl.constexpr, PDL: gl.constexpr):
+    # q, k [B, T, Hk, DK]; v, o [B, T, Hv, DV]; a, b [B, T, Hv]; state [slots, Hv, DK, DV] (DK_FASTEST: stored as
+    # [slots, Hv, DV, DK]); slots [B, T].
     # Grid (B, Hv, DV / BV); S [DK, BV] fp32 in S_LAYOUT; the token loop is unrolled, per-token values are tuples.
     bi = gl.program_id(0)
     h = gl.program_id(1)
@@ -95,7 +109,10 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
     COLS: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
     offs_k = gl.arange(0, DK, layout=ROWS)
     offs_v = gl.program_id(2) * BV + gl.arange(0, BV, layout=COLS)
-    tile = h * DK * DV + gl.expand_dims(offs_k, 1) * DV + gl.expand_dims(offs_v, 0)
+    if DK_FASTEST:                                      # the state's strides as constants: kernels/gdn_common.py
+        tile = h * DK * DV + gl.expand_dims(offs_k, 1) + gl.expand_dims(offs_v, 0) * DK
+    else:
+        tile = h * DK * DV + gl.expand_dims(offs_k, 1) * DV + gl.expand_dims(offs_v, 0)
     A_log = gl.load(A_log_ptr + h).to(gl.float32)      # weights: read while the previous kernel finishes
     dt_bias = gl.load(dt_bias_ptr + h).to(gl.float32)
     if PDL:
@@ -143,9 +160,9 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
         gl.store(o_ptr + bi * so_b + t * so_t + h * so_h + offs_v, o.to(o_ptr.dtype.element_ty))
 
 
-def launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, cfg):
+def launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, cfg, dk_fastest):
     """Launch cfg = (BV, warps, lanes_dk, along_v) on arguments kernels/gdn_recurrent.gdn_verify has checked and
-    picked; o [B, T, Hv, dv] is written."""
+    picked (dk_fastest: the state's layout, kernels/gdn_common.dk_fastest); o [B, T, Hv, dv] is written."""
     B, T, HK, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     bv, warps = cfg[:2]
@@ -155,5 +172,5 @@ def launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, c
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0), DK ** -0.5,
-        T, HV, HV // HK, DK, DV, bv, *layouts(DK, cfg), pdl,
+        T, HV, HV // HK, DK, DV, bv, dk_fastest, *layouts(DK, cfg, dk_fastest), pdl,
         num_warps=warps, launch_pdl=pdl)

@@ -6,6 +6,7 @@ sees: type errors in code paths it takes differently, and launches that need mor
 (sm_86: 99 KiB per block). Wrappers are called with meta tensors; their kernel launches are recorded instead of run,
 then compiled for each target. Must run without TRITON_INTERPRET (tests/test_kernels_compile.py starts it so)."""
 import contextlib
+import itertools
 import sys
 
 import torch
@@ -80,16 +81,18 @@ def launches():
         write_kv(empty(B, T, HKV, D), empty(B, T, HKV, D), kc, vc, scale, scale, rows, lens)
     yield "attention verify + prefill + kv write"
     conv_dim = 2 * HK * DK + HV * DK
-    for state_dtype in (torch.float16, torch.float32):
+    for state_dtype, dk_fastest in itertools.product((torch.float16, torch.float32), (False, True)):
         for width, gluon in ((B, False), (1, True), (B, True), (16, True)):      # the Gluon kernel's launches
             qk = empty(width, T, HK, DK)
+            pool = empty(width * T, HV, DK, DK, dtype=state_dtype)
             gdn_verify(qk, qk, empty(width, T, HV, DK), empty(width, T, HV), empty(width, T, HV),
                        empty(HV, dtype=torch.float32), empty(HV, dtype=torch.float32),
-                       empty(width * T, HV, DK, DK, dtype=state_dtype), empty(width, T, dtype=torch.int32),
+                       pool.transpose(-1, -2) if dk_fastest else pool, empty(width, T, dtype=torch.int32),
                        empty(width, dtype=torch.int32), gluon=gluon)
     qk = empty(1, 256, HK, DK)
     gdn_prefill(qk, qk, empty(1, 256, HV, DK), empty(1, 256, HV), empty(1, 256, HV), empty(HV, dtype=torch.float32),
-                empty(HV, dtype=torch.float32), empty(2, HV, DK, DK, dtype=torch.float32), rows[:1], rows[:1])
+                empty(HV, dtype=torch.float32), empty(2, HV, DK, DK, dtype=torch.float32).transpose(-1, -2), rows[:1],
+                rows[:1])
     weight = empty(conv_dim, 4)
     causal_conv1d(empty(B, T, conv_dim), weight, empty(B, conv_dim, 3 + 4), rows, num_accepted=lens)
     causal_conv1d(empty(1, 256, conv_dim), weight, empty(1, conv_dim, 3 + 4), rows[:1])

@@ -25,6 +25,12 @@ def gdn_inputs(B, T, HV, HK, DK, DV, dtype=torch.float32, seed=0):
     return [x.to(DEV, dtype) for x in (q, k, v, a, b)] + [A_log.to(DEV), dt_bias.to(DEV)]
 
 
+def in_layout(pool, dk_fastest):
+    """A state pool [slots, Hv, dk, dv] as given (dv fastest) or with the same values dk fastest (state_pool's
+    layout)."""
+    return pool.transpose(-1, -2).contiguous().transpose(-1, -2) if dk_fastest else pool
+
+
 def seq_reference(q, k, v, a, b, A_log, dt_bias, state=None):
     """Recurrent reference over whole sequences: o [B, L, Hv, dv] and the state after the last token."""
     qn, kn = prepare_qk_reference(q, k, v.shape[2])
@@ -66,6 +72,7 @@ def test_conv_reference_matches_full_conv():
 
 # --- verify kernel ------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("dk_fastest", [False, True])
 @pytest.mark.parametrize("proj_dot", [False, True])
 @pytest.mark.parametrize("B,T,dk,state_dtype,in_dtype", [
     (1, 1, 16, torch.float32, torch.float32),
@@ -73,11 +80,11 @@ def test_conv_reference_matches_full_conv():
     (2, 4, 16, torch.float32, torch.float16),
     (3, 2, 32, torch.float32, torch.float32),
 ])
-def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype, proj_dot):
+def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype, proj_dot, dk_fastest):
     HV, HK, DV = 4, 2, 32
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, dk, DV, in_dtype, seed=B * 10 + T)
     n_slots = B * T + 3
-    pool = torch.randn(n_slots, HV, dk, DV, device=DEV).to(state_dtype)
+    pool = in_layout(torch.randn(n_slots, HV, dk, DV, device=DEV).to(state_dtype), dk_fastest)
     slots = torch.randperm(n_slots)[:B * T].view(B, T).to(DEV, torch.int32)
     # num_accepted 0, > T and in range; in-range garbage must never index outside the T slot columns
     num_acc = torch.tensor([0, T + 3, max(T - 1, 1)][:B], dtype=torch.int32, device=DEV)
@@ -97,13 +104,13 @@ def test_verify_matches_reference(B, T, dk, state_dtype, in_dtype, proj_dot):
     assert torch.equal(pool[untouched.to(DEV)], ref_pool[untouched.to(DEV)])
 
 
-def assert_width_invariant(HV, HK, D, state_dtype, seed, B=1):
+def assert_width_invariant(HV, HK, D, state_dtype, seed, B=1, dk_fastest=False):
     """T = 5 in one gdn_verify launch gives bitwise the outputs and states of five T = 1 steps (each step reloads
     the state it stored), for each of B sequences."""
     T = 5
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, D, D, torch.bfloat16, seed=seed)
-    init = torch.randn(B, HV, D, D, device=DEV).to(state_dtype)
-    pool = torch.zeros(B * T, HV, D, D, device=DEV, dtype=state_dtype)
+    init = in_layout(torch.randn(B, HV, D, D, device=DEV).to(state_dtype), dk_fastest)
+    pool = in_layout(torch.zeros(B * T, HV, D, D, device=DEV, dtype=state_dtype), dk_fastest)
     slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T)
     pool[slots[:, 0].long()] = init                     # first slot: the initial state, then the state after token 0
     one = torch.ones(B, dtype=torch.int32, device=DEV)
@@ -116,11 +123,12 @@ def assert_width_invariant(HV, HK, D, state_dtype, seed, B=1):
         assert torch.equal(o1[:, 0], o5[:, t]) and torch.equal(step_pool, pool[slots[:, t].long()])
 
 
+@pytest.mark.parametrize("dk_fastest", [False, True])
 @pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
-def test_verify_token_by_token_is_width_invariant(state_dtype):
+def test_verify_token_by_token_is_width_invariant(state_dtype, dk_fastest):
     """The token-by-token scheme is width-invariant (assert_width_invariant), so greedy decoding with drafting can
     equal decoding without."""
-    assert_width_invariant(4, 2, 16, state_dtype, seed=5)
+    assert_width_invariant(4, 2, 16, state_dtype, seed=5, dk_fastest=dk_fastest)
 
 
 def test_verify_strided_inputs_and_decode_steps():
@@ -143,15 +151,16 @@ def test_verify_strided_inputs_and_decode_steps():
 
 # --- chunked prefill kernel ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("L,chunk,dk,state_dtype", [
-    (37, 64, 16, torch.float32),
-    (50, 16, 32, torch.float32),
-    (70, 32, 16, torch.float16),
+@pytest.mark.parametrize("L,chunk,dk,state_dtype,dk_fastest", [
+    (37, 64, 16, torch.float32, False),
+    (50, 16, 32, torch.float32, True),
+    (70, 32, 16, torch.float16, False),
+    (70, 32, 16, torch.float16, True),
 ])
-def test_prefill_matches_recurrence(L, chunk, dk, state_dtype):
+def test_prefill_matches_recurrence(L, chunk, dk, state_dtype, dk_fastest):
     B, HV, HK, DV = 2, 4, 2, 32
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, dk, DV, seed=L)
-    pool = torch.randn(4, HV, dk, DV, device=DEV).to(state_dtype)
+    pool = in_layout(torch.randn(4, HV, dk, DV, device=DEV).to(state_dtype), dk_fastest)
     init_slots = torch.tensor([2, -1], dtype=torch.int32, device=DEV)     # sequence 1 starts from zeros
     final_slots = torch.tensor([2, 0], dtype=torch.int32, device=DEV)     # sequence 0 in place
     init = torch.stack([pool[2].float(), torch.zeros_like(pool[2], dtype=torch.float32)])
@@ -237,18 +246,19 @@ def test_spec_rounds_match_full_sequence():
 # --- GPU, 27B shapes ----------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dk_fastest", [False, True])
 @pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("B,proj_dot,block_v,num_warps,gluon,launch",    # the defaults at B 1, 3 and 12 (each
-                         [(B, None, None, None, None, None) for B in (1, 3, 12)]  # its own Gluon launch), and
-                         + [(3, *c) for c in VERIFY_SWEEP + GLUON_SWEEP])          # the benchmark's sweep
-def test_gpu_verify_27b(B, proj_dot, block_v, num_warps, gluon, launch, state_dtype):
+@pytest.mark.parametrize("B,proj_dot,block_v,num_warps,gluon,launch",    # the defaults at B 1, 3, 12 and 40 (each
+                         [(B, None, None, None, None, None) for B in (1, 3, 12, 42)]  # its own Gluon launch),
+                         + [(3, *c) for c in VERIFY_SWEEP + GLUON_SWEEP])              # and the benchmark's sweep
+def test_gpu_verify_27b(B, proj_dot, block_v, num_warps, gluon, launch, state_dtype, dk_fastest):
     """Against the reference, with the slot scheme's edge cases: slots in reverse order, an accepted count of 0
     and one past T (clamped), a padded sequence (negative slots: zero state, nothing written)."""
     if state_dtype == torch.float32 and (block_v not in (None, 16) or launch not in (None, (16, 2, 4, False))):
         pytest.skip("fp32 state: the default launch and both schemes at 16 columns")
     T, HV, HK, D = 5, 48, 16, 128
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, D, D, torch.bfloat16, seed=B)
-    pool = torch.randn(B * T + 1, HV, D, D, device=DEV).to(state_dtype)
+    pool = in_layout(torch.randn(B * T + 1, HV, D, D, device=DEV).to(state_dtype), dk_fastest)
     slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T).flip(1).contiguous()
     num_acc = torch.tensor([0, 3, 9] * (B // 3) or [0], dtype=torch.int32, device=DEV)
     if B > 1:
@@ -262,18 +272,19 @@ def test_gpu_verify_27b(B, proj_dot, block_v, num_warps, gluon, launch, state_dt
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B", [1, 3, 12])
-def test_gpu_verify_width_invariant_27b(B):
+@pytest.mark.parametrize("dk_fastest", [False, True])
+@pytest.mark.parametrize("B", [1, 3, 12, 42])
+def test_gpu_verify_width_invariant_27b(B, dk_fastest):
     """As test_verify_token_by_token_is_width_invariant at the 27B shape, at widths that take each of the Gluon
     kernel's launches (the verify and the decode steps alike)."""
-    assert_width_invariant(48, 16, 128, torch.float16, seed=9, B=B)
+    assert_width_invariant(48, 16, 128, torch.float16, seed=9, B=B, dk_fastest=dk_fastest)
 
 
 @pytest.mark.gpu
 def test_gpu_prefill_27b():
     B, L, HV, HK, D = 1, 300, 48, 16, 128
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, D, D, torch.bfloat16)
-    pool = (0.1 * torch.randn(2, HV, D, D, device=DEV))
+    pool = in_layout(0.1 * torch.randn(2, HV, D, D, device=DEV), dk_fastest=True)
     ref_o, ref_s = seq_reference(q, k, v, a, b, A_log, dt_bias, pool[:1].clone())
     slot = torch.zeros(1, dtype=torch.int32, device=DEV)
     o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, slot, slot + 1)
