@@ -8,7 +8,9 @@ kernels timed one by one (what the chain saves). The step runs over `--layers` c
 and KV, as a model's layers are, and each kernel alone cycles through them, so no kernel finds its bytes in L2 (one
 copy of out_proj would fit).
 `python -m bench.layer_step [--batch 1,8,64] [--tokens 5] [--ctx 16384] [--layers 8]` writes
-bench/results/layer-step-<gpu>.json and .md. Not in the model yet: the attention output gate is a torch multiply."""
+bench/results/layer-step-<gpu>.json and .md. Fused as the model will take them: the GDN layer's in_proj_qkvz and
+in_proj_ba as one linear (layers.quant.concat_outputs), the attention output gate in the attention kernel's
+store."""
 import argparse
 import itertools
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from kernels.int4_linear import int4_linear
 from kernels.kv_write import kv_cache, write_kv
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from layers.model import rope_tables
+from layers.quant import concat_outputs
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,9 @@ class Layer:
         self.mlp_out = torch.empty(M, dm.hidden, **bf)
         if kind == "gdn":
             conv_dim = 2 * dm.hk * dm.dk + dm.hv * dm.dk
-            self.qkvz = random_int4(conv_dim + dm.hv * dm.dk, dm.hidden, device)
-            self.ab = random_int4(2 * dm.hv, dm.hidden, device)
+            # in_proj_qkvz and in_proj_ba as one linear (layers.quant.concat_outputs): one launch
+            self.in_proj = concat_outputs(random_int4(conv_dim + dm.hv * dm.dk, dm.hidden, device),
+                                          random_int4(2 * dm.hv, dm.hidden, device))
             self.out_proj = random_int4(dm.hidden, dm.hv * dm.dk, device)
             self.conv_w = torch.randn(conv_dim, dm.conv, **bf) * 0.3
             self.conv_state = torch.randn(B, conv_dim, dm.conv - 1 + T - 1, **bf)
@@ -73,8 +77,7 @@ class Layer:
             self.state_slots = torch.arange(B * T, dtype=torch.int32, device=device).view(B, T)
             self.rows = torch.arange(B, dtype=torch.int32, device=device)
             self.num_acc = torch.full((B,), T, dtype=torch.int32, device=device)
-            self.proj = torch.empty(M, self.qkvz.n, **bf)
-            self.ab_out = torch.empty(M, self.ab.n, **bf)
+            self.proj = torch.empty(M, self.in_proj.n, **bf)
             self.mixed = torch.empty(B, T, conv_dim, **bf)
             self.o = torch.empty(B, T, dm.hv, dm.dk, **bf)
             self.attn_out = torch.empty(M, dm.hidden, **bf)
@@ -97,14 +100,13 @@ class Layer:
             self.k = torch.empty(M, dm.hkv, dm.d, **bf)
             self.gate = torch.empty(M, dm.hq, dm.d, **bf)
             self.o = torch.empty(B, T, dm.hq, dm.d, **bf)
-            self.gated = torch.empty(M, dm.hq * dm.d, **bf)
             self.attn_out = torch.empty(M, dm.hidden, **bf)
             self.nseg = choose_nseg(B, dm.hkv, gpu.num_sms(torch.device(device)))
             self.partials = alloc_partials(B, dm.hq, T, max(self.nseg, 1), dm.d, device)
             self.state_bytes = B * ctx * dm.hkv * dm.d * 2
 
     def weights(self):
-        return [self.qkvz, self.ab, self.out_proj] if self.kind == "gdn" else [self.qkv, self.out_proj]
+        return [self.in_proj, self.out_proj] if self.kind == "gdn" else [self.qkv, self.out_proj]
 
     def bytes(self) -> int:
         return sum(int4_bytes(0, w.n, w.k) for w in self.weights() + [self.gate_up, self.down]) + self.state_bytes
@@ -118,13 +120,13 @@ class Layer:
         y = self.mlp_out
         if self.kind == "gdn":
             conv_dim = self.conv_w.shape[0]
+            z_end = conv_dim + dm.hv * dm.dk
             qkv = self.proj[:, :conv_dim].view(B, T, conv_dim)
-            z = self.proj[:, conv_dim:].view(M, dm.hv, dm.dk)
+            z = self.proj[:, conv_dim:z_end].view(M, dm.hv, dm.dk)
             q, k, v = (t.unflatten(-1, (-1, dm.dk)) for t in
                        self.mixed.split([dm.hk * dm.dk, dm.hk * dm.dk, dm.hv * dm.dk], -1))
-            b, a = (t.view(B, T, dm.hv) for t in self.ab_out.split(dm.hv, -1))
-            ks += [("in_proj qkvz", lambda: int4_linear(y, self.qkvz, out=self.proj)),
-                   ("in_proj ab", lambda: int4_linear(y, self.ab, out=self.ab_out)),
+            b, a = (t.view(B, T, dm.hv) for t in self.proj[:, z_end:].split(dm.hv, -1))
+            ks += [("in_proj qkvz+ba", lambda: int4_linear(y, self.in_proj, out=self.proj)),
                    ("conv1d", lambda: causal_conv1d(qkv, self.conv_w, self.conv_state, self.rows,
                                                     num_accepted=self.num_acc, out=self.mixed)),
                    ("gdn_verify", lambda: gdn_verify(q, k, v, a, b, self.A_log, self.dt_bias, self.pool,
@@ -144,10 +146,9 @@ class Layer:
                                                  self.ks, self.vs, self.rows, self.lens)),
                    ("attention", lambda: verify_attention(self.q.view(B, T, dm.hq, dm.d), self.kc, self.vc,
                                                           self.ks, self.vs, self.rows, self.lens, self.o,
-                                                          self.partials, self.nseg)),
-                   ("output gate (torch)", lambda: torch.mul(self.o.view(M, -1), self.gate.view(M, -1),
-                                                             out=self.gated)),
-                   ("o_proj", lambda: int4_linear(self.gated, self.out_proj, out=self.attn_out))]
+                                                          self.partials, self.nseg,
+                                                          gate=self.gate.view(B, T, dm.hq, dm.d))),
+                   ("o_proj", lambda: int4_linear(self.o.view(M, -1), self.out_proj, out=self.attn_out))]
         ks += [("add_rmsnorm", lambda: add_rmsnorm(self.attn_out, self.res, self.norm_w, dm.eps, h=self.res,
                                                    y=self.mlp_out)),
                ("mlp gate_up", lambda: int4_linear(y, self.gate_up, out=self.gu)),

@@ -54,15 +54,17 @@ def _load_kv(ptrs, mask, KV_FMT: tl.constexpr):
 
 
 @triton.jit
-def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, out_ptr, part_ptr,
+def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, out_ptr, part_ptr, gate_ptr,
                    q_len, nseg, n_tiles, qk_scale, max_len,
                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, s_cs, s_ch, s_cn, s_vs, s_vh, s_vn, s_vd, s_pb, s_ph, s_pt, s_ps,
+                   s_gb, s_gt, s_gh,
                    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   KV_FMT: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr):
+                   KV_FMT: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, DOT_FP32: tl.constexpr,
+                   PDL: tl.constexpr):
     # q, out [B, q_len, Hq, D] (D contiguous); k cache [slots, Hkv, max_len, D] (D contiguous), v cache of the same
     # shape with its own strides s_v* (kernels/kv_write.kv_cache: keys contiguous); k/v scales [Hkv] fp32;
-    # cache_rows, kv_lens [B] int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 (SPLIT only).
-    # Grid (B * n_tiles, Hkv, nseg).
+    # cache_rows, kv_lens [B] int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 (SPLIT only); gate like out
+    # (GATED: out = attention · gate). Grid (B * n_tiles, Hkv, nseg).
     b = tl.program_id(0) // n_tiles
     tile = tl.program_id(0) % n_tiles
     kvh = tl.program_id(1)
@@ -131,16 +133,19 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
             tl.store(p_row + D + 1, l_i, mask=row_ok)
         else:
             o = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
+            if GATED:
+                o = o * tl.load(gate_ptr + b * s_gb + tok[:, None] * s_gt + head[:, None] * s_gh + offs_d[None, :],
+                                mask=row_ok[:, None], other=0.0).to(tl.float32)
             o_ptrs = out_ptr + b * s_ob + tok[:, None] * s_ot + head[:, None] * s_oh + offs_d[None, :]
             tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
-def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, nseg, Hq,
-                    s_pb, s_ph, s_pt, s_ps, s_ob, s_ot, s_oh,
+def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, gate_ptr, nseg, Hq,
+                    s_pb, s_ph, s_pt, s_ps, s_ob, s_ot, s_oh, s_gb, s_gt, s_gh,
                     D: tl.constexpr, BLOCK_N: tl.constexpr, SEG_P2: tl.constexpr, BLOCK_D: tl.constexpr,
-                    PDL: tl.constexpr):
-    # partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 -> out [B, q_len, Hq, D].
+                    GATED: tl.constexpr, PDL: tl.constexpr):
+    # partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 -> out [B, q_len, Hq, D] (GATED: times gate, out's shape).
     # Grid (B, q_len * Hq, D // BLOCK_D): one (row, token, head) and a BLOCK_D slice of the head dim.
     b = tl.program_id(0)
     t = tl.program_id(1) // Hq
@@ -162,6 +167,8 @@ def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, nseg, Hq,
     total = tl.sum(tl.where(s_ok, w * l, 0.0), 0)
     o = tl.sum(tl.where(s_ok[:, None], acc * w[:, None], 0.0), 0)
     o = tl.where(total > 0, o / total, 0.0)
+    if GATED:
+        o = o * tl.load(gate_ptr + b * s_gb + t * s_gt + h * s_gh + offs_d).to(tl.float32)
     tl.store(out_ptr + b * s_ob + t * s_ot + h * s_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 
@@ -200,12 +207,13 @@ def default_launch(block_m: int, capability: tuple) -> tuple:
     return (32, 8, 2) if block_m <= 64 else (64, 8, 2)
 
 
-def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials=None, nseg=1,
+def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials=None, nseg=1, gate=None,
            block_m=None, block_n=None, kv_fmt=None, num_warps=None, num_stages=None):
     """Attention of the q_len new tokens of each row over its cache (which already holds them).
     q, out [B, q_len, Hq, D]; caches [slots, Hkv, max_len, D] (uint8 e4m3 codes or bf16; V any strided view, best
     keys-fastest as kernels/kv_write.kv_cache allocates it); scales [Hkv] fp32
-    (None for bf16); cache_rows, kv_lens [B] int32; partials from alloc_partials when nseg > 1.
+    (None for bf16); cache_rows, kv_lens [B] int32; partials from alloc_partials when nseg > 1; gate None or like q
+    (last dim contiguous): out = attention · gate, the gated-attention output gate (sigmoid already applied).
     block_m None packs all q_len·G rows in one tile (verify); prefill passes a tile size. A decode step whose rows
     must be bitwise those of a verify step (greedy with drafting == without) passes the verify's block_m."""
     B, q_len, hq, D = q.shape
@@ -231,23 +239,28 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         assert partials.shape[3] >= nseg and partials.shape[4] == D + 2
     part = partials if split else out
     s_part = partials.stride()[:4] if split else (0, 0, 0, 0)
+    gated = gate is not None
+    if gated:
+        assert gate.shape == q.shape and gate.stride(-1) == 1, "gate: [B, q_len, Hq, D], last dim contiguous"
+    g, s_gate = (gate, gate.stride()[:3]) if gated else (out, (0, 0, 0))
     _attend_kernel[(B * n_tiles, hkv, nseg)](
-        q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part,
+        q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part, g,
         q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D), k_cache.shape[2],
-        *q.stride()[:3], *out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride(), *s_part,
-        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, DOT_FP32=gpu.INTERPRET,
+        *q.stride()[:3], *out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride(), *s_part, *s_gate,
+        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, GATED=gated, DOT_FP32=gpu.INTERPRET,
         num_warps=num_warps, num_stages=num_stages, **pdl)
     if split:
         block_d = min(D, 64)
         _combine_kernel[(B, q_len * hq, D // block_d)](
-            partials, cache_rows, kv_lens, out, nseg, hq, *s_part, *out.stride()[:3],
-            D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d, **pdl)
+            partials, cache_rows, kv_lens, out, g, nseg, hq, *s_part, *out.stride()[:3], *s_gate,
+            D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d, GATED=gated, **pdl)
     return out
 
 
-def verify_attention(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials, nseg, **kw):
+def verify_attention(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials, nseg, gate=None,
+                     **kw):
     """Split-KV verify/decode attention: q, out [B, q_len ≤ 8, Hq, D]; see `attend` for the other arguments."""
-    return attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials, nseg, **kw)
+    return attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials, nseg, gate, **kw)
 
 
 def dequantize_kv(cache, scale, slot: int, length: int) -> torch.Tensor:

@@ -152,6 +152,18 @@ def int4_from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Te
     return Int4Weight(words, scales.contiguous(), zs.contiguous(), group)
 
 
+def concat_outputs(*weights: Int4Weight) -> Int4Weight:
+    """Linears of the same input as one: their output columns side by side (e.g. a GDN layer's in_proj_qkvz and
+    in_proj_ba, one launch instead of two). Each K block keeps its columns contiguous, so this is a concatenation
+    of qweight, scales and zs along N."""
+    first = weights[0]
+    assert all(w.k == first.k and w.group == first.group and (w.zs is None) == (first.zs is None)
+               and w.scales.dtype == first.scales.dtype for w in weights), "concat_outputs: K, group or format differ"
+    zs = None if first.zs is None else torch.cat([w.zs for w in weights], 1)
+    return Int4Weight(torch.cat([w.qweight for w in weights], 1), torch.cat([w.scales for w in weights], 1), zs,
+                      first.group)
+
+
 def quantize_int8_rows(w: torch.Tensor, scale_dtype: torch.dtype = torch.float16) -> Int8Weight:
     """Per-row symmetric int8 (lm_head, embeddings): s = amax/127 over each row of W [N, K]."""
     s = (w.float().abs().amax(1) / 127).clamp_min(1e-8).to(scale_dtype)

@@ -74,8 +74,10 @@ def launches():
             (attention_verify.KV_FP8_BITS, attention_verify.KV_FP8_NATIVE)
         for fmt in fmts:
             q = empty(B, T, HQ, D)
-            attention_verify.verify_attention(q, kc, vc, scale, scale, rows, lens, empty(B, T, HQ, D),
-                                              attention_verify.alloc_partials(B, HQ, 8, 16, D, "meta"), 16, kv_fmt=fmt)
+            for nseg in (1, 16):                                     # the output written by attend / combine
+                attention_verify.verify_attention(q, kc, vc, scale, scale, rows, lens, empty(B, T, HQ, D),
+                                                  attention_verify.alloc_partials(B, HQ, 8, 16, D, "meta"), nseg,
+                                                  gate=empty(B, T, HQ, D), kv_fmt=fmt)
             attention_prefill.prefill_attention(empty(1, 512, HQ, D), kc, vc, scale, scale, rows[:1], lens[:1],
                                                 empty(1, 512, HQ, D), kv_fmt=fmt)
         write_kv(empty(B, T, HKV, D), empty(B, T, HKV, D), kc, vc, scale, scale, rows, lens)

@@ -236,6 +236,19 @@ def test_verify_launch_configs_27b(kv_fmt, block_n, num_warps, num_stages):
     assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
 
 
+@pytest.mark.parametrize("nseg", [1, 3])
+def test_verify_attention_output_gate(nseg):
+    """gate (a strided view, as the q projection hands it over): out = attention · gate, stored once, whether the
+    attend kernel or the combine writes the output."""
+    q, kc, vc, ks, vs, rows, kv_lens = setup(2, 3, 4, 2, 16, [40, 7], True)
+    gate = torch.rand(*q.shape[:3], 2 * q.shape[3], device=DEV).to(q.dtype)[..., 16:]
+    out = torch.full_like(q, float("nan"))
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(2, 4, 8, 3, 16, DEV), nseg, gate=gate,
+                     block_n=16)
+    ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens) * gate.float()
+    assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("q_len", [1, 8])
 def test_verify_q_len_27b(q_len):
@@ -243,6 +256,16 @@ def test_verify_q_len_27b(q_len):
     out = torch.full_like(q, float("nan"))
     verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(3, 24, 8, 16, 256, DEV), 16)
     assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nseg", [1, 16])
+def test_verify_output_gate_27b(nseg):
+    q, kc, vc, ks, vs, rows, kv_lens = setup(3, 5, 24, 4, 256, [300, 4000, 9], True)
+    gate = torch.rand_like(q)
+    out = torch.full_like(q, float("nan"))
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(3, 24, 8, 16, 256, DEV), nseg, gate=gate)
+    assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens) * gate.float()) < 1e-2
 
 
 PREFILL_CONFIGS = [(64, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2)]  # BLOCK_M, N, warps, stages

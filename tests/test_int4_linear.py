@@ -5,8 +5,8 @@ import torch
 
 from kernels.int4_linear import NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from kernels.splitk import workspace
-from layers.quant import (dequantize_int4, int4_from_gptq, mma_k, pack_int4, pack_mma, quantize_act_int8,
-                          quantize_int4, unpack_int4, unpack_mma)
+from layers.quant import (concat_outputs, dequantize_int4, int4_from_gptq, mma_k, pack_int4, pack_mma,
+                          quantize_act_int8, quantize_int4, unpack_int4, unpack_mma)
 from tests.fixtures import rel_err
 from tests.int4_cases import SHAPES_27B
 
@@ -66,6 +66,19 @@ def test_quantize_dequantize(sym, scale_dtype):
     # codes are round-to-nearest against the stored scales: within half a step (+ the scale's rounding at the clamp)
     step = q.scales.float().repeat_interleave(128, 0).t()
     assert bool(((dequantize_int4(q) - w).abs() <= 0.54 * step).all())
+
+
+@pytest.mark.parametrize("sym", [True, False])
+def test_concat_outputs(sym):
+    """Two linears of one input as one (concat_outputs): the same weights column for column, and one launch gives
+    what the two give."""
+    gen = torch.Generator().manual_seed(4)
+    parts = [random_weight(n, 256, sym, torch.float16, gen) for n in (40, 16)]
+    both = concat_outputs(*parts)
+    assert torch.equal(dequantize_int4(both), torch.cat([dequantize_int4(w) for w in parts]))
+    x = torch.randn(3, 256, generator=gen).to(DEV, torch.bfloat16)
+    run = lambda w: int4_linear(x, w.to(DEV), out=torch.empty(3, w.n, device=DEV))     # fp32 outputs
+    assert rel_err(run(both), torch.cat([run(w) for w in parts], 1)) < 1e-6     # the split-K sums may group apart
 
 
 @pytest.mark.parametrize("sym", [True, False])
