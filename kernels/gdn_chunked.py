@@ -17,8 +17,9 @@ dot operands are fp16 (the same 10-bit mantissa as tf32, half its shared memory:
 so W, U and |v| must stay below fp16's 65504 (true for post-conv activations).
 
 Shapes (per layer): q, k [B, L, Hk, dk]; v [B, L, Hv, dv]; a, b [B, L, Hv]; A_log, dt_bias [Hv];
-state [num_slots, Hv, dk, dv] fp16/fp32 (dv or dk fastest: kernels/gdn_common.state_pool); initial_slots, final_slots [B] int32 (initial < 0: start from zeros,
-final < 0: no write; they may be equal); o [B, L, Hv, dv] in v's dtype.
+state [num_slots, Hv, dk, dv] fp16/fp32 (dv or dk fastest: kernels/gdn_common.state_pool); initial_slots,
+final_slots [B] int32 (initial < 0: start from zeros, final < 0: no write; they may be equal); o [B, L, Hv, dv] in
+v's dtype.
 Workspace: W [B, Hv, Lp, dk], U [B, Hv, Lp, dv] fp16, scratch [B * Hv * n_chunks, C, C] fp32; Lp = n_chunks * C.
 """
 import torch

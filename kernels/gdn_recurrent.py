@@ -107,11 +107,11 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
                        so_b, so_t, so_h, ss_b,
                        scale, T: tl.constexpr, TP: tl.constexpr, HV: tl.constexpr, KV_GROUP: tl.constexpr,
                        DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, DK_FASTEST: tl.constexpr,
-                       PROJ_DOT: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, RELOAD_K: tl.constexpr, PDL: tl.constexpr):
+                       PROJ_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, RELOAD_K: tl.constexpr,
+                       PDL: tl.constexpr):
     # q, k [B, T, Hk, DK]; v, o [B, T, Hv, DV]; a, b [B, T, Hv]; state [slots, Hv, DK, DV] (DK_FASTEST: stored
-    # as [slots, Hv, DV, DK]); slots [B, T]. Grid (B, Hv, DV / BV); S [DK, BV] fp32 in registers; TP >= max(T, 8) a power of 2. The token loops are
-    # unrolled and per-token values are tuples.
+    # as [slots, Hv, DV, DK]); slots [B, T]. Grid (B, Hv, DV / BV); S [DK, BV] fp32 in registers; TP >= max(T, 8)
+    # a power of 2. The token loops are unrolled and per-token values are tuples.
     bi = tl.program_id(0)
     h = tl.program_id(1)
     kh = h // KV_GROUP
@@ -264,6 +264,6 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0),
         DK ** -0.5, T=T, TP=max(8, triton.next_power_of_2(T)), HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv,
-        DK_FASTEST=dk_major, PROJ_DOT=proj_dot, DOT_PRECISION="tf32" if exact else "tf32x3", RELOAD_K=not narrow, num_warps=num_warps,
-        **gpu.pdl_args(v.device))
+        DK_FASTEST=dk_major, PROJ_DOT=proj_dot, DOT_PRECISION="tf32" if exact else "tf32x3", RELOAD_K=not narrow,
+        num_warps=num_warps, **gpu.pdl_args(v.device))
     return o

@@ -46,9 +46,10 @@ def fits(dk: int, dv: int, cfg: tuple) -> bool:
     return dk & (dk - 1) == 0 and dk >= max(32, rows) and bv % cols == 0 and dv % bv == 0
 
 
-def layouts(dk: int, cfg: tuple, dk_fastest: bool = False):
-    """(S [DK, BV] on lanes_dk x (32 / lanes_dk) lanes and the warps along dk or v; a [DK] vector whole in every
-    warp, DK / 32 values per lane, for the norms: their reductions then stay inside a warp)."""
+def layouts(dk: int, cfg: tuple, dk_fastest: bool):
+    """(S [DK, BV] on lanes_dk x (32 / lanes_dk) lanes and the warps along dk or v, its registers and lanes running
+    along the state's contiguous axis; a [DK] vector whole in every warp, DK / 32 values per lane, for the norms:
+    their reductions then stay inside a warp)."""
     assert fits(dk, cfg[0], cfg), (dk, cfg)
     bv, warps, lanes_dk, along_v = cfg
     wd, wv = (1, warps) if along_v else (warps, 1)
@@ -72,7 +73,7 @@ FP16_LAUNCHES = {False: ((1.5, (16, 2, 8, False)), (3, (32, 2, 4, False)), (12, 
 FP32_LAUNCH = {False: (32, 2, 4, False), True: (8, 2, 32, True)}
 
 
-def pick(B: int, HV: int, DV: int, fp16: bool, sms: int, dk_fastest: bool = False) -> tuple:
+def pick(B: int, HV: int, DV: int, fp16: bool, sms: int, dk_fastest: bool) -> tuple:
     """The launch for a batch width and state layout (never for a token count: decode and verify must take the
     same one); at most DV columns per program."""
     per_sm = B * HV * triton.cdiv(DV, 32) / sms
