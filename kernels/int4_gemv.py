@@ -55,7 +55,11 @@ cluster, its groups cut into one range per CTA and summed through distributed sh
 workspace or atomics; clustered launch of the kernel compiled for one CTA, mapa / ld.shared::cluster): qkvz
 16.8-18.5 against 13.5 µs at M = 1, 18.9-32.5 against 15.5 at M = 5 — a clustered launch of 4 or 8 CTAs costs
 ~6 µs even to this stream-K kernel unchanged (pairs cost nothing, but leave a tile shared by clusters); nor
-waiting for an inner tile's atomics only after the loop (so the stream goes on while they travel): 0-2% slower.
+waiting for an inner tile's atomics only after the loop (so the stream goes on while they travel): 0-2% slower;
+nor (session 13) Σx from one m16 ones-mma per warp, repeated over the tile's rows (40 instead of 64 mma a group,
+bitwise the same sums): every shape within ±0.1 µs at M = 1-8, still 150 registers at M = 2-8 (M = 1, 123: its
+odd token columns are never stored, so the compiler drops their sums), and 7-8 CTAs per SM at M = 2-8 still
+slower (qkvz M = 5 16.1 / 20.2 against 15.8 µs).
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
