@@ -9,8 +9,8 @@ and KV, as a model's layers are, and each kernel alone cycles through them, so n
 copy of out_proj would fit).
 `python -m bench.layer_step [--batch 1,8,64] [--tokens 5] [--ctx 16384] [--layers 8]` writes
 bench/results/layer-step-<gpu>.json and .md. Fused as the model will take them: the GDN layer's in_proj_qkvz and
-in_proj_ba as one linear (layers.quant.concat_outputs), the attention output gate in the attention kernel's
-store."""
+in_proj_ba as one linear (layers.quant.concat_outputs), the KV write in qk_norm_rope, the attention output gate in
+the attention kernel's store."""
 import argparse
 import itertools
 from dataclasses import dataclass
@@ -25,7 +25,7 @@ from kernels.conv1d import causal_conv1d
 from kernels.gdn_common import state_pool
 from kernels.gdn_recurrent import gdn_verify
 from kernels.int4_linear import int4_linear
-from kernels.kv_write import kv_cache, write_kv
+from kernels.kv_write import kv_cache
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from layers.model import rope_tables
 from layers.quant import concat_outputs
@@ -137,13 +137,10 @@ class Layer:
         else:
             kv = self.proj[:, dm.hq * 2 * dm.d:]
             ks += [("qkv_gate", lambda: int4_linear(y, self.qkv, out=self.proj)),
-                   ("qk_norm_rope", lambda: qk_norm_rope(self.proj[:, :dm.hq * 2 * dm.d], kv[:, :dm.hkv * dm.d],
-                                                         self.q_w, self.k_w, self.cos, self.sin, dm.hq, dm.hkv,
-                                                         dm.eps, sigmoid_gate=True, q=self.q, k_out=self.k,
-                                                         gate=self.gate)),
-                   ("kv_write", lambda: write_kv(self.k.view(B, T, dm.hkv, dm.d),
-                                                 kv[:, dm.hkv * dm.d:].view(B, T, dm.hkv, dm.d), self.kc, self.vc,
-                                                 self.ks, self.vs, self.rows, self.lens)),
+                   ("qk_norm_rope + kv write", lambda: qk_norm_rope(
+                       self.proj[:, :dm.hq * 2 * dm.d], kv[:, :dm.hkv * dm.d], self.q_w, self.k_w, self.cos,
+                       self.sin, dm.hq, dm.hkv, dm.eps, sigmoid_gate=True, q=self.q, k_out=self.k, gate=self.gate,
+                       v=kv[:, dm.hkv * dm.d:], kv=(self.kc, self.vc, self.ks, self.vs, self.rows, self.lens))),
                    ("attention", lambda: verify_attention(self.q.view(B, T, dm.hq, dm.d), self.kc, self.vc,
                                                           self.ks, self.vs, self.rows, self.lens, self.o,
                                                           self.partials, self.nseg,

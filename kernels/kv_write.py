@@ -19,6 +19,26 @@ from kernels.fp8 import e4m3_encode, encode_e4m3_ref
 
 
 @triton.jit
+def store_token(k, v, offs, mask, b, t, n_new, h, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr,
+                s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, FP8: tl.constexpr):
+    """New token t (of n_new) of batch row b, kv head h: k, v fp32 [D] (elements offs where mask) into the caches
+    (strides s_c*: k, D contiguous; s_vc*: v, any), as e4m3(x / scale) codes when FP8; nothing for a padding row."""
+    slot = tl.load(rows_ptr + b)
+    if slot >= 0:
+        pos = tl.load(lens_ptr + b) - n_new + t
+        dst = slot.to(tl.int64) * s_cs + h * s_ch + pos.to(tl.int64) * s_cn + offs
+        v_dst = slot.to(tl.int64) * s_vcs + h * s_vch + pos.to(tl.int64) * s_vcn + offs * s_vcd
+        if FP8:
+            # exact division so the codes match torch's reference cast bit for bit
+            k_out = e4m3_encode(tl.div_rn(k, tl.load(ks_ptr + h)))
+            v_out = e4m3_encode(tl.div_rn(v, tl.load(vs_ptr + h)))
+        else:
+            k_out, v_out = k, v
+        tl.store(kc_ptr + dst, k_out.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + v_dst, v_out.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, n_new,
                      s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd,
                      D: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
@@ -29,20 +49,11 @@ def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, len
     b = tl.program_id(0) // n_new
     t = tl.program_id(0) % n_new
     h = tl.program_id(1)
-    slot = tl.load(rows_ptr + b)
-    if slot >= 0:
-        pos = tl.load(lens_ptr + b) - n_new + t
-        offs = tl.arange(0, D)
-        k = tl.load(k_ptr + b * s_kb + t * s_kt + h * s_kh + offs).to(tl.float32)
-        v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs).to(tl.float32)
-        dst = slot.to(tl.int64) * s_cs + h * s_ch + pos.to(tl.int64) * s_cn + offs
-        v_dst = slot.to(tl.int64) * s_vcs + h * s_vch + pos.to(tl.int64) * s_vcn + offs * s_vcd
-        if FP8:
-            # exact division so the codes match torch's reference cast bit for bit
-            k = e4m3_encode(tl.div_rn(k, tl.load(ks_ptr + h)))
-            v = e4m3_encode(tl.div_rn(v, tl.load(vs_ptr + h)))
-        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty))
-        tl.store(vc_ptr + v_dst, v.to(vc_ptr.dtype.element_ty))
+    offs = tl.arange(0, D)
+    k = tl.load(k_ptr + b * s_kb + t * s_kt + h * s_kh + offs).to(tl.float32)
+    v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs).to(tl.float32)
+    store_token(k, v, offs, offs < D, b, t, n_new, h, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr,
+                s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, FP8)
 
 
 def kv_cache(num_slots: int, num_kv_heads: int, max_len: int, head_dim: int, dtype, device):
@@ -53,21 +64,30 @@ def kv_cache(num_slots: int, num_kv_heads: int, max_len: int, head_dim: int, dty
     return k, v
 
 
-def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):
-    """k_new, v_new [B, n_new, Hkv, D] -> caches at positions kv_lens[b] - n_new … kv_lens[b] - 1 of slot
-    cache_rows[b]. fp8 (uint8) caches store e4m3(x / scale); bf16 caches ignore the scales (pass None)."""
-    B, n_new, hkv, D = k_new.shape
-    assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1 and v_cache.shape == k_cache.shape
-    assert k_cache.stride(-1) == 1 and k_cache.shape[1] == hkv and k_cache.shape[3] == D
+def cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, hkv: int, head_dim: int) -> tuple:
+    """The arguments store_token takes after the row and head, checked: (k cache, v cache, k scale, v scale, cache
+    rows, k cache strides [3], v cache strides [4]) with e4m3 caches as uint8 and the scales' pointers as
+    placeholders for bf16 caches; and whether the caches are fp8."""
+    assert v_cache.shape == k_cache.shape and k_cache.stride(-1) == 1, "caches: same shape, K head dim contiguous"
+    assert k_cache.shape[1] == hkv and k_cache.shape[3] == head_dim, f"caches: shape {tuple(k_cache.shape)}"
     fp8 = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)
     if fp8:
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     else:
         k_scale = v_scale = cache_rows  # unused placeholders for the pointer arguments
+    return (k_cache, v_cache, k_scale, v_scale, cache_rows, *k_cache.stride()[:3], *v_cache.stride()), fp8
+
+
+def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):
+    """k_new, v_new [B, n_new, Hkv, D] -> caches at positions kv_lens[b] - n_new … kv_lens[b] - 1 of slot
+    cache_rows[b]. fp8 (uint8) caches store e4m3(x / scale); bf16 caches ignore the scales (pass None).
+    (kernels/norms.qk_norm_rope can do this write itself, as it makes k.)"""
+    B, n_new, hkv, D = k_new.shape
+    assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1
+    (kc, vc, ks, vs, rows, *strides), fp8 = cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, hkv, D)
     _kv_write_kernel[(B * n_new, hkv)](
-        k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, n_new,
-        *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3], *v_cache.stride(), D=D, FP8=fp8,
-        **pdl_args(k_new.device))
+        k_new, v_new, kc, vc, ks, vs, rows, kv_lens, n_new, *k_new.stride()[:3], *v_new.stride()[:3], *strides,
+        D=D, FP8=fp8, **pdl_args(k_new.device))
 
 
 def write_kv_ref(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):

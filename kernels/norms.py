@@ -3,7 +3,8 @@
   add_rmsnorm      h = x + residual; y = RMSNorm_1p(h, w)                      (every decoder / final / MTP norm)
   gated_rmsnorm    y = (w · x̂.to(dtype)) · silu(z)  per head, plain w          (GDN output norm)
   qk_norm_rope     per head of q_proj's [q_h | gate_h] layout and of k_proj: RMSNorm_1p, then partial RoPE on
-                   the first rd dims (pairs j, j + rd/2); the gate is split out unnormed (optionally sigmoid-ed)
+                   the first rd dims (pairs j, j + rd/2); the gate is split out unnormed (optionally sigmoid-ed);
+                   optionally k and v written into the KV cache as well (kernels/kv_write.py)
   silu_mul         y = silu(gate) · up                                          (MLP)
 
 Each output can also come as int8 per token for a W4A8 matmul (QUANT.md): s = max|y| / 127 (at least 1e-6),
@@ -16,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels.device import pdl_args, pdl_wait
+from kernels.kv_write import cache_args, store_token
 from layers.model import apply_rope, gated_rms_norm, rms_norm_1p
 
 
@@ -129,9 +131,14 @@ def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, NH, D, strid
 @triton.jit
 def _qk_norm_rope_kernel(qg_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, ko_ptr, gate_ptr,
                          HQ, HKV, D, RD, eps, qg_stride, k_stride, cs_stride,
-                         SIGMOID_GATE: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr):
+                         v_ptr, v_stride, n_new, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr,
+                         s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd,
+                         SIGMOID_GATE: tl.constexpr, KV_WRITE: tl.constexpr, FP8: tl.constexpr, BD: tl.constexpr,
+                         PDL: tl.constexpr):
     """qg [T, HQ·2D] rows [q_0 | gate_0 | q_1 | gate_1 …]; k [T, HKV·D]; cos/sin [T, RD];
-    q, gate [T, HQ, D] and k out [T, HKV, D] contiguous. grid (T, HQ + HKV): one head per program."""
+    q, gate [T, HQ, D] and k out [T, HKV, D] contiguous. grid (T, HQ + HKV): one head per program.
+    KV_WRITE: rows are B batch rows × n_new tokens, and each k head's program also writes its k and v [T, HKV·D]
+    (row stride v_stride) into the KV caches (kernels/kv_write.store_token)."""
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -160,7 +167,13 @@ def _qk_norm_rope_kernel(qg_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr,
     c = tl.load(cos_ptr + t * cs_stride + d, mask=rot, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + t * cs_stride + d, mask=rot, other=0.0).to(tl.float32)
     # HF rounds r·cos and rotate_half(r)·sin to the activation dtype, then their sum
-    tl.store(dst + d, tl.where(rot, _rne(_rne(y * c, dt) + _rne(yp * s, dt), dt), y), mask=m)
+    out = tl.where(rot, _rne(_rne(y * c, dt) + _rne(yp * s, dt), dt), y)
+    tl.store(dst + d, out, mask=m)
+    if KV_WRITE:
+        if not is_q:
+            v = tl.load(v_ptr + t * v_stride + (h - HQ) * D + d, mask=m, other=0.0).to(tl.float32)
+            store_token(out, v, d, m, t // n_new, t % n_new, n_new, h - HQ, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
+                        rows_ptr, lens_ptr, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, FP8)
 
 
 @triton.jit
@@ -237,19 +250,30 @@ def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None):
 
 
 def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=False, q=None, k_out=None,
-                 gate=None):
+                 gate=None, v=None, kv=None):
     """qg [T, heads·2D] (q_proj output, per head [q_h | gate_h]), k [T, kv_heads·D], cos/sin [T, rd]
-    (layers.model.rope_tables) -> q [T, heads, D], k [T, kv_heads, D] normed and rotated, gate [T, heads, D]."""
+    (layers.model.rope_tables) -> q [T, heads, D], k [T, kv_heads, D] normed and rotated, gate [T, heads, D].
+    kv = (k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens) with v [T, kv_heads·D]: the T rows are
+    len(cache_rows) batch rows of T / len(cache_rows) new tokens, and k (as returned) and v also go into the caches
+    as kernels/kv_write.write_kv would put them (one launch less)."""
     T = qg.shape[0]
     D = k.shape[1] // kv_heads
     assert qg.stride(1) == 1 and k.stride(1) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
     q = _buf(q, (T, heads, D), qg.dtype, qg.device)
     gate = _buf(gate, (T, heads, D), qg.dtype, qg.device)
     k_out = _buf(k_out, (T, kv_heads, D), k.dtype, k.device)
+    if kv is not None:
+        k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens = kv
+        assert v is not None and v.shape == k.shape and v.stride(1) == 1, "v: [T, kv_heads·D] with the caches"
+        assert T % cache_rows.shape[0] == 0, f"{T} rows are not {cache_rows.shape[0]} batch rows of equal length"
+        cache, fp8 = cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_heads, D)
+        write = (v, v.stride(0), T // cache_rows.shape[0], *cache[:5], kv_lens, *cache[5:])
+    else:
+        fp8, write = False, (k, 0, 1) + (k,) * 6 + (0,) * 7              # placeholders, never read
     _qk_norm_rope_kernel[(T, heads + kv_heads)](qg, k, q_w, k_w, cos, sin, q, k_out, gate, heads, kv_heads, D,
                                                 cos.shape[1], eps, qg.stride(0), k.stride(0), cos.stride(0),
-                                                SIGMOID_GATE=sigmoid_gate, BD=triton.next_power_of_2(D),
-                                                num_warps=2, **pdl_args(qg.device))
+                                                *write, SIGMOID_GATE=sigmoid_gate, KV_WRITE=kv is not None, FP8=fp8,
+                                                BD=triton.next_power_of_2(D), num_warps=2, **pdl_args(qg.device))
     return q, k_out, gate
 
 

@@ -105,6 +105,12 @@ def launches():
         silu_mul(empty(B * T, I), empty(B * T, I), quant=quant)
     qk_norm_rope(empty(B * T, HQ * 2 * D), empty(B * T, HKV * D), empty(D), empty(D), empty(B * T, 64),
                  empty(B * T, 64), HQ, HKV, 1e-6)
+    scale, rows = empty(HKV, dtype=torch.float32), empty(B, dtype=torch.int32)
+    for cache_dtype in (torch.uint8, torch.bfloat16):                   # with the KV write
+        kc = empty(B, HKV, 4096, D, dtype=cache_dtype)
+        qk_norm_rope(empty(B * T, HQ * 2 * D), empty(B * T, HKV * D), empty(D), empty(D), empty(B * T, 64),
+                     empty(B * T, 64), HQ, HKV, 1e-6, v=empty(B * T, HKV * D),
+                     kv=(kc, empty(B, HKV, D, 4096, dtype=cache_dtype).transpose(2, 3), scale, scale, rows, rows))
     yield "fused norms"
     params = SamplingTensors(empty(B, dtype=torch.float32), empty(B, dtype=torch.int32), empty(B, dtype=torch.float32))
     seed, offset = empty(1, dtype=torch.int64), empty(1, dtype=torch.int64)

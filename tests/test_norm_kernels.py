@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from kernels import norms as N
+from kernels.kv_write import kv_cache, write_kv
 from layers.model import rope_tables
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -87,6 +88,34 @@ def test_qk_norm_rope(sigmoid_gate):
     assert rel(q[..., RD:], q_ref[..., RD:]) < 1e-2 and not torch.equal(q[..., :RD], q_ref[..., RD:2 * RD])
 
 
+def assert_kv_write_fused(B, n_new, HQ, HKV, D, RD, fp8, seed=0):
+    """qk_norm_rope with the caches (kv=...) gives the q, k and gate it gives alone, and caches bitwise those of
+    write_kv on its k: fp8 codes or bf16, V keys-fastest, a padding row (slot -1) left unwritten."""
+    torch.manual_seed(seed)
+    T = B * n_new
+    qg, k, v = randn(T, HQ * 2 * D, scale=2), randn(T, HKV * D, scale=2), randn(T, 2 * HKV * D)[:, HKV * D:]
+    qw, kw = randn(D, scale=0.3), randn(D, scale=0.3)
+    cos, sin = rope_tables(torch.arange(100, 100 + T, device=DEV), RD, 1e7, BF16)
+    caches = [kv_cache(B + 1, HKV, 64, D, torch.uint8 if fp8 else BF16, DEV) for _ in range(2)]
+    for kc, vc in caches:
+        kc.random_(0, 256 if fp8 else 2)
+        vc.random_(0, 256 if fp8 else 2)
+    caches[1] = tuple(c.clone() for c in caches[0])
+    scales = torch.rand(HKV, device=DEV) + 0.05, torch.rand(HKV, device=DEV) + 0.05
+    rows = torch.tensor(([2, -1, 0, 1] * B)[:B], dtype=torch.int32, device=DEV)
+    lens = torch.tensor(([20, 7, 64, 9] * B)[:B], dtype=torch.int32, device=DEV)
+    alone = N.qk_norm_rope(qg, k, qw, kw, cos, sin, HQ, HKV, 1e-6, True)
+    fused = N.qk_norm_rope(qg, k, qw, kw, cos, sin, HQ, HKV, 1e-6, True, v=v, kv=(*caches[0], *scales, rows, lens))
+    assert all(torch.equal(a, b) for a, b in zip(alone, fused))
+    write_kv(alone[1].view(B, n_new, HKV, D), v.view(B, n_new, HKV, D), *caches[1], *scales, rows, lens)
+    assert all(torch.equal(a, b) for a, b in zip(caches[0], caches[1]))
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_qk_norm_rope_writes_kv(fp8):
+    assert_kv_write_fused(B=3, n_new=2, HQ=4, HKV=2, D=32, RD=16, fp8=fp8)
+
+
 @pytest.mark.parametrize("quant, write_y", [(False, True), (True, True), (True, False)])
 def test_silu_mul(quant, write_y):
     T, I = 3, 1000
@@ -130,3 +159,9 @@ def test_gpu_27b_shapes(T):
     y, q, s = N.silu_mul(gate_up[:, :17408], gate_up[:, 17408:], quant=True)
     assert rel(y, N.silu_mul_ref(gate_up[:, :17408], gate_up[:, 17408:])) < 1e-2
     check_int8(q, s, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [True, False])
+def test_gpu_qk_norm_rope_writes_kv_27b(fp8):
+    assert_kv_write_fused(B=3, n_new=5, HQ=24, HKV=4, D=256, RD=64, fp8=fp8, seed=1)
