@@ -61,7 +61,16 @@ def layouts(dk: int, cfg: tuple, dk_fastest: bool):
     vec = gl.DistributedLinearLayout(reg_bases=[[1 << i] for i in range(regs)],
                                      lane_bases=[[1 << (regs + i)] for i in range(5)],
                                      warp_bases=[[0]] * (warps.bit_length() - 1), block_bases=[], shape=[dk])
-    return s, vec
+    # the warps' partial sums [WD, BV, 2 (k, q)] as every thread reads them back: all WD partials and both sums of
+    # its own columns in registers, its columns where S has them, replicated along dk
+    spt_v, log = bv // (lanes_v * wv), lambda n: n.bit_length() - 1
+    v_lanes = [[0, spt_v << i, 0] for i in range(log(lanes_v))]
+    dk_lanes = [[0, 0, 0]] * log(lanes_dk)
+    xchg = gl.DistributedLinearLayout(
+        reg_bases=[[1 << i, 0, 0] for i in range(log(wd))] + [[0, 0, 1]] + [[0, 1 << i, 0] for i in range(log(spt_v))],
+        lane_bases=dk_lanes + v_lanes if dk_fastest else v_lanes + dk_lanes,
+        warp_bases=[[0, 0, 0]] * log(wd), block_bases=[], shape=[wd, bv, 2])
+    return s, vec, xchg
 
 
 # Launch (BV, warps, lanes_dk, along_v) by the 32-column tiles per SM (at most; None: beyond) on an fp16 state
@@ -82,6 +91,14 @@ def pick(B: int, HV: int, DV: int, fp16: bool, sms: int, dk_fastest: bool) -> tu
     return (min(cfg[0], DV),) + cfg[1:]
 
 
+# With warps along dk, up to this many CTAs per SM sum each token's partials through shared-memory slots of their
+# own: bitwise the compiler's reduction, one barrier a token instead of two, but ~20 more registers (fewer CTAs fit
+# an SM). H200, fp16 dk fastest, (16, 2, 8, dk), against the compiler's reduction in the same run: T 5, B 1 / 2
+# 4.92 / 6.71 against 5.29 / 8.12 us (and 5.08 against 5.40 in another; T 1 2.06 against 2.24); taken everywhere,
+# B 8 / 64 lost: 26.8 / 223 against 25.3 / 216.
+SLOT_EXCHANGE_CTAS = 6
+
+
 @gluon.jit
 def _gates(a, b, A_log, dt_bias):
     """fp32 decay e^g, g = -exp(A_log)·softplus(a + dt_bias) (torch's threshold 20), and beta = sigmoid(b)."""
@@ -99,7 +116,8 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
                              so_b, so_t, so_h, ss_b, scale,
                              T: gl.constexpr, HV: gl.constexpr, KV_GROUP: gl.constexpr, DK: gl.constexpr,
                              DV: gl.constexpr, BV: gl.constexpr, DK_FASTEST: gl.constexpr, S_LAYOUT: gl.constexpr,
-                             VEC: gl.constexpr, PDL: gl.constexpr):
+                             VEC: gl.constexpr, XCHG: gl.constexpr, WD: gl.constexpr, SLOTS: gl.constexpr,
+                             PDL: gl.constexpr):
     # q, k [B, T, Hk, DK]; v, o [B, T, Hv, DV]; a, b [B, T, Hv]; state [slots, Hv, DK, DV] (DK_FASTEST: stored as
     # [slots, Hv, DV, DK]); slots [B, T].
     # Grid (B, Hv, DV / BV); S [DK, BV] fp32 in S_LAYOUT; the token loop is unrolled, per-token values are tuples.
@@ -145,10 +163,19 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
         kn, qn, es, betas = kn + (ks[t] * rk,), qn + (qs[t] * rq,), es + (e,), betas + (beta,)
         qk = qk + (gl.sum(qf[t] * kf[t], axis=0) * (rq * rk),)
 
+    if SLOTS:   # warps along dk: each token's partial sums through a shared-memory slot of its own
+        parts = gl.allocate_shared_memory(gl.float32, [T, WD, BV, 2],
+                                          gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0]))
     for t in gl.static_range(T):
         k2 = gl.expand_dims(kn[t], 1)
-        # k_t.S and q_t.S of S_{t-1} in one reduction (one exchange between the warps per token)
-        u, w = gl.split(gl.sum(gl.join(S * k2, S * gl.expand_dims(qn[t], 1)), axis=0))
+        # k_t.S and q_t.S of S_{t-1} in one reduction
+        kq = gl.join(S * k2, S * gl.expand_dims(qn[t], 1))                                  # [DK, BV, 2]
+        if SLOTS:   # one barrier a token (the compiler's reduction across warps takes two)
+            parts.index(t).store(gl.sum(gl.reshape(kq, [WD, DK // WD, BV, 2]), axis=1))
+            gl.thread_barrier()
+            u, w = gl.split(gl.sum(parts.index(t).load(XCHG), axis=0))
+        else:
+            u, w = gl.split(gl.sum(kq, axis=0))
         u, w = gl.convert_layout(u, COLS, assert_trivial=True), gl.convert_layout(w, COLS, assert_trivial=True)
         d = (vs[t] - es[t] * u) * betas[t]
         S = S * es[t] + k2 * gl.expand_dims(d, 0)
@@ -167,11 +194,13 @@ def launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, c
     B, T, HK, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     bv, warps = cfg[:2]
+    wd = 1 if cfg[3] else warps                                         # warps along dk
+    slots = wd > 1 and B * HV * triton.cdiv(DV, bv) <= SLOT_EXCHANGE_CTAS * gpu.num_sms(v.device)
     pdl = gpu.pdl(v.device)
     _gdn_verify_gluon_kernel[(B, HV, triton.cdiv(DV, bv))](
         q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0), DK ** -0.5,
-        T, HV, HV // HK, DK, DV, bv, dk_fastest, *layouts(DK, cfg, dk_fastest), pdl,
+        T, HV, HV // HK, DK, DV, bv, dk_fastest, *layouts(DK, cfg, dk_fastest), wd, slots, pdl,
         num_warps=warps, launch_pdl=pdl)
