@@ -49,7 +49,8 @@ def fits(dk: int, dv: int, cfg: tuple) -> bool:
 def layouts(dk: int, cfg: tuple, dk_fastest: bool):
     """(S [DK, BV] on lanes_dk x (32 / lanes_dk) lanes and the warps along dk or v, its registers and lanes running
     along the state's contiguous axis; a [DK] vector whole in every warp, DK / 32 values per lane, for the norms:
-    their reductions then stay inside a warp)."""
+    their reductions then stay inside a warp; with the warps along dk, the layout in which every thread reads back
+    the warps' partial sums [warps, BV, 2] of its columns: all of them in registers, replicated along dk)."""
     assert fits(dk, cfg[0], cfg), (dk, cfg)
     bv, warps, lanes_dk, along_v = cfg
     wd, wv = (1, warps) if along_v else (warps, 1)
@@ -57,19 +58,18 @@ def layouts(dk: int, cfg: tuple, dk_fastest: bool):
     s = gl.BlockedLayout(size_per_thread=[dk // (lanes_dk * wd), bv // (lanes_v * wv)],
                          threads_per_warp=[lanes_dk, lanes_v], warps_per_cta=[wd, wv],
                          order=[0, 1] if dk_fastest else [1, 0])
-    regs = (dk // 32).bit_length() - 1
+    log2 = {1 << i: i for i in range(8)}
+    regs = log2[dk // 32]
     vec = gl.DistributedLinearLayout(reg_bases=[[1 << i] for i in range(regs)],
                                      lane_bases=[[1 << (regs + i)] for i in range(5)],
-                                     warp_bases=[[0]] * (warps.bit_length() - 1), block_bases=[], shape=[dk])
-    # the warps' partial sums [WD, BV, 2 (k, q)] as every thread reads them back: all WD partials and both sums of
-    # its own columns in registers, its columns where S has them, replicated along dk
-    spt_v, log = bv // (lanes_v * wv), lambda n: n.bit_length() - 1
-    v_lanes = [[0, spt_v << i, 0] for i in range(log(lanes_v))]
-    dk_lanes = [[0, 0, 0]] * log(lanes_dk)
-    xchg = gl.DistributedLinearLayout(
-        reg_bases=[[1 << i, 0, 0] for i in range(log(wd))] + [[0, 0, 1]] + [[0, 1 << i, 0] for i in range(log(spt_v))],
+                                     warp_bases=[[0]] * log2[warps], block_bases=[], shape=[dk])
+    spt_v = bv // (lanes_v * wv)                                   # S's registers along v
+    v_lanes, dk_lanes = [[0, spt_v << i, 0] for i in range(log2[lanes_v])], [[0, 0, 0]] * log2[lanes_dk]
+    partials = [[1 << i, 0, 0] for i in range(log2[wd])] + [[0, 0, 1]]
+    xchg = gl.DistributedLinearLayout(            # dims (warp along dk, column, k / q sum); unused with warps along v
+        reg_bases=partials + [[0, 1 << i, 0] for i in range(log2[spt_v])],
         lane_bases=dk_lanes + v_lanes if dk_fastest else v_lanes + dk_lanes,
-        warp_bases=[[0, 0, 0]] * log(wd), block_bases=[], shape=[wd, bv, 2])
+        warp_bases=[[0, 0, 0]] * log2[warps], block_bases=[], shape=[wd, bv, 2])
     return s, vec, xchg
 
 
