@@ -195,12 +195,12 @@ def launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, c
     HV, DV = v.shape[2], v.shape[3]
     bv, warps = cfg[:2]
     wd = 1 if cfg[3] else warps                                         # warps along dk
-    slots = wd > 1 and B * HV * triton.cdiv(DV, bv) <= SLOT_EXCHANGE_CTAS * gpu.num_sms(v.device)
+    exchange = wd > 1 and B * HV * triton.cdiv(DV, bv) <= SLOT_EXCHANGE_CTAS * gpu.num_sms(v.device)
     pdl = gpu.pdl(v.device)
     _gdn_verify_gluon_kernel[(B, HV, triton.cdiv(DV, bv))](
         q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0), DK ** -0.5,
-        T, HV, HV // HK, DK, DV, bv, dk_fastest, *layouts(DK, cfg, dk_fastest), wd, slots, pdl,
+        T, HV, HV // HK, DK, DV, bv, dk_fastest, *layouts(DK, cfg, dk_fastest), wd, exchange, pdl,
         num_warps=warps, launch_pdl=pdl)
