@@ -64,10 +64,10 @@ def kv_cache(num_slots: int, num_kv_heads: int, max_len: int, head_dim: int, dty
     return k, v
 
 
-def cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, hkv: int, head_dim: int) -> tuple:
-    """The arguments store_token takes after the row and head, checked: (k cache, v cache, k scale, v scale, cache
-    rows, k cache strides [3], v cache strides [4]) with e4m3 caches as uint8 and the scales' pointers as
-    placeholders for bf16 caches; and whether the caches are fp8."""
+def cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, hkv: int, head_dim: int):
+    """The pointer arguments store_token takes after the row and head, checked: (k cache, v cache, k scale, v scale,
+    cache rows, kv lens) with e4m3 caches as uint8 and the scales' pointers as placeholders for bf16 caches; the
+    cache strides (k [3], v [4]); and whether the caches are fp8."""
     assert v_cache.shape == k_cache.shape and k_cache.stride(-1) == 1, "caches: same shape, K head dim contiguous"
     assert k_cache.shape[1] == hkv and k_cache.shape[3] == head_dim, f"caches: shape {tuple(k_cache.shape)}"
     fp8 = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)
@@ -75,7 +75,7 @@ def cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, hkv: int, head_di
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     else:
         k_scale = v_scale = cache_rows  # unused placeholders for the pointer arguments
-    return (k_cache, v_cache, k_scale, v_scale, cache_rows, *k_cache.stride()[:3], *v_cache.stride()), fp8
+    return (k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens), (*k_cache.stride()[:3], *v_cache.stride()), fp8
 
 
 def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):
@@ -84,10 +84,10 @@ def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_le
     (kernels/norms.qk_norm_rope can do this write itself, as it makes k.)"""
     B, n_new, hkv, D = k_new.shape
     assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1
-    (kc, vc, ks, vs, rows, *strides), fp8 = cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, hkv, D)
+    ptrs, strides, fp8 = cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, hkv, D)
     _kv_write_kernel[(B * n_new, hkv)](
-        k_new, v_new, kc, vc, ks, vs, rows, kv_lens, n_new, *k_new.stride()[:3], *v_new.stride()[:3], *strides,
-        D=D, FP8=fp8, **pdl_args(k_new.device))
+        k_new, v_new, *ptrs, n_new, *k_new.stride()[:3], *v_new.stride()[:3], *strides, D=D, FP8=fp8,
+        **pdl_args(k_new.device))
 
 
 def write_kv_ref(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):

@@ -263,11 +263,11 @@ def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=F
     gate = _buf(gate, (T, heads, D), qg.dtype, qg.device)
     k_out = _buf(k_out, (T, kv_heads, D), k.dtype, k.device)
     if kv is not None:
-        k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens = kv
+        cache_rows = kv[4]
         assert v is not None and v.shape == k.shape and v.stride(1) == 1, "v: [T, kv_heads·D] with the caches"
         assert T % cache_rows.shape[0] == 0, f"{T} rows are not {cache_rows.shape[0]} batch rows of equal length"
-        cache, fp8 = cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_heads, D)
-        write = (v, v.stride(0), T // cache_rows.shape[0], *cache[:5], kv_lens, *cache[5:])
+        ptrs, strides, fp8 = cache_args(*kv, kv_heads, D)
+        write = (v, v.stride(0), T // cache_rows.shape[0], *ptrs, *strides)
     else:
         fp8, write = False, (k, 0, 1) + (k,) * 6 + (0,) * 7              # placeholders, never read
     _qk_norm_rope_kernel[(T, heads + kv_heads)](qg, k, q_w, k_w, cos, sin, q, k_out, gate, heads, kv_heads, D,

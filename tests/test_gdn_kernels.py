@@ -8,6 +8,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta
 from bench.kernels_gdn import GLUON_SWEEP, VERIFY_SWEEP
 from kernels.conv1d import causal_conv1d, causal_conv1d_reference
 from kernels.gdn_chunked import chunked_reference, gdn_prefill
+from kernels.gdn_common import state_pool
 from kernels.gdn_recurrent import (gates_reference, gdn_verify, gdn_verify_reference, prepare_qk_reference,
                                    recurrent_reference)
 from tests.fixtures import rel_err
@@ -26,9 +27,10 @@ def gdn_inputs(B, T, HV, HK, DK, DV, dtype=torch.float32, seed=0):
 
 
 def in_layout(pool, dk_fastest):
-    """A state pool [slots, Hv, dk, dv] as given (dv fastest) or with the same values dk fastest (state_pool's
-    layout)."""
-    return pool.transpose(-1, -2).contiguous().transpose(-1, -2) if dk_fastest else pool
+    """A state pool [slots, Hv, dk, dv] as given (dv fastest) or with the same values in state_pool's layout."""
+    if not dk_fastest:
+        return pool
+    return state_pool(*pool.shape, pool.dtype, pool.device).copy_(pool)
 
 
 def seq_reference(q, k, v, a, b, A_log, dt_bias, state=None):
@@ -248,7 +250,7 @@ def test_spec_rounds_match_full_sequence():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dk_fastest", [False, True])
 @pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("B,proj_dot,block_v,num_warps,gluon,launch",    # the defaults at B 1, 3, 12 and 40 (each
+@pytest.mark.parametrize("B,proj_dot,block_v,num_warps,gluon,launch",    # the defaults at B 1, 3, 12 and 42 (each
                          [(B, None, None, None, None, None) for B in (1, 3, 12, 42)]  # its own Gluon launch),
                          + [(3, *c) for c in VERIFY_SWEEP + GLUON_SWEEP])              # and the benchmark's sweep
 def test_gpu_verify_27b(B, proj_dot, block_v, num_warps, gluon, launch, state_dtype, dk_fastest):

@@ -96,11 +96,10 @@ def assert_kv_write_fused(B, n_new, HQ, HKV, D, RD, fp8, seed=0):
     qg, k, v = randn(T, HQ * 2 * D, scale=2), randn(T, HKV * D, scale=2), randn(T, 2 * HKV * D)[:, HKV * D:]
     qw, kw = randn(D, scale=0.3), randn(D, scale=0.3)
     cos, sin = rope_tables(torch.arange(100, 100 + T, device=DEV), RD, 1e7, BF16)
-    caches = [kv_cache(B + 1, HKV, 64, D, torch.uint8 if fp8 else BF16, DEV) for _ in range(2)]
-    for kc, vc in caches:
-        kc.random_(0, 256 if fp8 else 2)
-        vc.random_(0, 256 if fp8 else 2)
-    caches[1] = tuple(c.clone() for c in caches[0])
+    kc, vc = kv_cache(B + 1, HKV, 64, D, torch.uint8 if fp8 else BF16, DEV)
+    kc.random_(0, 256 if fp8 else 2)
+    vc.random_(0, 256 if fp8 else 2)
+    caches = [(kc, vc), (kc.clone(), vc.clone())]                  # clone keeps V keys-fastest
     scales = torch.rand(HKV, device=DEV) + 0.05, torch.rand(HKV, device=DEV) + 0.05
     rows = torch.tensor(([2, -1, 0, 1] * B)[:B], dtype=torch.int32, device=DEV)
     lens = torch.tensor(([20, 7, 64, 9] * B)[:B], dtype=torch.int32, device=DEV)
