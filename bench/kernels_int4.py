@@ -6,7 +6,8 @@ GEMV (`copy floor`: what a launch that only streams those bytes achieves in this
 
 Every timed call reads another copy of the weights (together ≥ 256 MiB, over 4× the H200's L2), so weights come
 from HBM as they do in a model step. Bytes per call: the weight codes, their scales, the activations and the
-outputs (QUANT.md §7); `vs_cublas` = cuBLAS time / this time at the same shape.
+outputs (QUANT.md §7); `-> int64 sums`: the GEMV's output left as fixed-point sums for its consumer to
+convert (kernels/fixed_sum.py); `vs_cublas` = cuBLAS time / this time at the same shape.
 
 `python -m bench.kernels_int4 --sweep` times alternatives to the launch tables (int4_gemv.ROW_BUCKETS,
 int4_wgmma.LAUNCH, int4_linear.M_BUCKETS) and prints them fastest first, to retune them."""
@@ -42,11 +43,11 @@ def int4_bytes(m, n, k, act_bytes=2):
     return n * k // 2 + n * (k // 128) * 2 + m * k * act_bytes + m * n * 2
 
 
-def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None, wgmma_params=None):
+def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None, wgmma_params=None, sums=False):
     """int4_linear (cfg forces the Triton kernel), w4a8_linear (a8), or int4_gemv / int4_wgmma with explicit
-    launch parameters."""
+    launch parameters; sums: the GEMV's output as int64 sums (kernels/fixed_sum.py; never cleared here)."""
     weights = rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
-    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.zeros(m, n, device="cuda", dtype=torch.int64 if sums else torch.bfloat16)
     if a8:
         x = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
         s_a = torch.rand(m, device="cuda")
@@ -113,6 +114,10 @@ def run(peak_Bps: float) -> list:
                 config = _cfg_str(pick_config(m, n, k, dev))
             rows.append(row("int4_linear W4A16", f"{shape} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k, peak_Bps,
                             peer="ours", config=config, **extra))
+        for m in GEMV_M:            # its consumer converts and clears the sums (8 bytes each, not 2)
+            us = time_ours(m, n, k, sums=True)
+            rows.append(row("int4_gemv W4A16 -> int64 sums", f"{shape} M={m}", us, int4_bytes(m, n, k) + 6 * m * n,
+                            2 * m * n * k, peak_Bps, peer="ours", config=_gemv_str(gemv.pick(m, n, k, dev))))
         for m in PEER_M:
             cfg = pick_config(m, n, k, dev)
             us = time_ours(m, n, k, cfg=cfg)

@@ -10,7 +10,8 @@ copy of out_proj would fit).
 `python -m bench.layer_step [--batch 1,8,64] [--tokens 5] [--ctx 16384] [--layers 8]` writes
 bench/results/layer-step-<gpu>.json and .md. Fused as the model will take them: the GDN layer's in_proj_qkvz and
 in_proj_ba as one linear (layers.quant.concat_outputs), the KV write in qk_norm_rope, the attention output gate in
-the attention kernel's store."""
+the attention kernel's store; up to 16 rows the linears leave int64 sums for their consumers to convert
+(kernels/fixed_sum.py; `chained, outputs stored`: the same chain without)."""
 import argparse
 import itertools
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from kernels.attention_verify import alloc_partials, choose_nseg, verify_attenti
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_common import state_pool
 from kernels.gdn_recurrent import gdn_verify
+from kernels.int4_gemv import MAX_ROWS
 from kernels.int4_linear import int4_linear
 from kernels.kv_write import kv_cache
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
@@ -47,18 +49,22 @@ class Dims:                      # Qwen3.8-27B
 
 
 class Layer:
-    """Weights, caches and every buffer of one layer, allocated once; `kernels()` lists its launches in order."""
+    """Weights, caches and every buffer of one layer, allocated once; `kernels()` lists its launches in order.
+    deferred: up to 16 rows (the GEMV's) every linear leaves int64 sums for its consumers to convert
+    (kernels/fixed_sum.py): in_proj (conv1d, gdn_verify, gated_rmsnorm, which also clears b and a), out_proj /
+    o_proj and down (add_rmsnorm), gate_up (silu_mul), qkv_gate (qk_norm_rope)."""
 
-    def __init__(self, kind, B, T, ctx, dims: Dims, device):
+    def __init__(self, kind, B, T, ctx, dims: Dims, device, deferred=True):
         dm, self.B, self.T, self.kind, self.dims = dims, B, T, kind, dims
         bf = dict(dtype=torch.bfloat16, device=device)
         M = B * T
-        self.x = torch.randn(M, dm.hidden, **bf)
+        sums = dict(dtype=torch.int64, device=device) if deferred and M <= MAX_ROWS else bf
+        self.x = torch.zeros(M, dm.hidden, **sums)
         self.res = torch.randn(M, dm.hidden, **bf)
         self.norm_w = torch.randn(dm.hidden, **bf) * 0.1
         self.gate_up = random_int4(2 * dm.inter, dm.hidden, device)
         self.down = random_int4(dm.hidden, dm.inter, device)
-        self.gu = torch.empty(M, 2 * dm.inter, **bf)
+        self.gu = torch.zeros(M, 2 * dm.inter, **sums)
         self.act = torch.empty(M, dm.inter, **bf)
         self.mlp_out = torch.empty(M, dm.hidden, **bf)
         if kind == "gdn":
@@ -77,10 +83,10 @@ class Layer:
             self.state_slots = torch.arange(B * T, dtype=torch.int32, device=device).view(B, T)
             self.rows = torch.arange(B, dtype=torch.int32, device=device)
             self.num_acc = torch.full((B,), T, dtype=torch.int32, device=device)
-            self.proj = torch.empty(M, self.in_proj.n, **bf)
+            self.proj = torch.zeros(M, self.in_proj.n, **sums)
             self.mixed = torch.empty(B, T, conv_dim, **bf)
             self.o = torch.empty(B, T, dm.hv, dm.dk, **bf)
-            self.attn_out = torch.empty(M, dm.hidden, **bf)
+            self.attn_out = torch.zeros(M, dm.hidden, **sums)
             self.state_bytes = (1 + T) * B * dm.hv * dm.dk * dm.dk * 2
         else:
             self.qkv = random_int4(dm.hq * dm.d * 2 + 2 * dm.hkv * dm.d, dm.hidden, device)
@@ -95,12 +101,12 @@ class Layer:
             self.lens = torch.full((B,), ctx + T, dtype=torch.int32, device=device)
             pos = torch.arange(ctx, ctx + T, device=device).repeat(B)
             self.cos, self.sin = rope_tables(pos, dm.rotary, 1e7, torch.bfloat16)
-            self.proj = torch.empty(M, self.qkv.n, **bf)
+            self.proj = torch.zeros(M, self.qkv.n, **sums)
             self.q = torch.empty(M, dm.hq, dm.d, **bf)
             self.k = torch.empty(M, dm.hkv, dm.d, **bf)
             self.gate = torch.empty(M, dm.hq, dm.d, **bf)
             self.o = torch.empty(B, T, dm.hq, dm.d, **bf)
-            self.attn_out = torch.empty(M, dm.hidden, **bf)
+            self.attn_out = torch.zeros(M, dm.hidden, **sums)
             self.nseg = choose_nseg(B, dm.hkv, gpu.num_sms(torch.device(device)))
             self.partials = alloc_partials(B, dm.hq, T, max(self.nseg, 1), dm.d, device)
             self.state_bytes = B * ctx * dm.hkv * dm.d * 2
@@ -126,13 +132,14 @@ class Layer:
             q, k, v = (t.unflatten(-1, (-1, dm.dk)) for t in
                        self.mixed.split([dm.hk * dm.dk, dm.hk * dm.dk, dm.hv * dm.dk], -1))
             b, a = (t.view(B, T, dm.hv) for t in self.proj[:, z_end:].split(dm.hv, -1))
+            clear_ba = self.proj[:, z_end:] if self.proj.dtype == torch.int64 else None
             ks += [("in_proj qkvz+ba", lambda: int4_linear(y, self.in_proj, out=self.proj)),
                    ("conv1d", lambda: causal_conv1d(qkv, self.conv_w, self.conv_state, self.rows,
                                                     num_accepted=self.num_acc, out=self.mixed)),
                    ("gdn_verify", lambda: gdn_verify(q, k, v, a, b, self.A_log, self.dt_bias, self.pool,
                                                      self.state_slots, self.num_acc, out=self.o)),
                    ("gated_rmsnorm", lambda: gated_rmsnorm(self.o.view(M, dm.hv, dm.dk), z, self.gnorm_w, dm.eps,
-                                                           y=self.o.view(M, dm.hv, dm.dk))),
+                                                           y=self.o.view(M, dm.hv, dm.dk), clear=clear_ba)),
                    ("out_proj", lambda: int4_linear(self.o.view(M, -1), self.out_proj, out=self.attn_out))]
         else:
             kv = self.proj[:, dm.hq * 2 * dm.d:]
@@ -178,6 +185,11 @@ def run(batches, T, ctx, n_layers, device="cuda", dims=Dims(), timer=time_us):
         shape = f"B{B} T{T}" + (f" ctx{ctx}" if kind == "attn" else "")
         rows.append(row(f"layer[{kind}] chained", shape, chain, layers[0].bytes(), 0, peak))
         rows.append(row(f"layer[{kind}] chained, no PDL", shape, chain_serial, layers[0].bytes(), 0, peak))
+        if B * T <= MAX_ROWS:                       # the same chain with every linear's output stored
+            del layers
+            layers = [Layer(kind, B, T, ctx, dims, device, deferred=False) for _ in range(n_layers)]
+            stored = timer(lambda: [layer.step() for layer in layers]) / n_layers
+            rows.append(row(f"layer[{kind}] chained, outputs stored", shape, stored, layers[0].bytes(), 0, peak))
         rows.append(row(f"layer[{kind}] kernels alone, summed", shape, sum(alone.values()), layers[0].bytes(), 0,
                         peak))
         rows += [row(f"  {kind}: {name}", shape, us, 0, 0, peak) for name, us in alone.items()]

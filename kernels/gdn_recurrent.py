@@ -13,7 +13,9 @@ its fp32 chain never rounds the intermediate states.
 Shapes (per layer):
     q, k          [B, T, Hk, dk]   post-conv activations, any float dtype, last dim contiguous
     v             [B, T, Hv, dv]
-    a, b          [B, T, Hv]       raw projections (gating is applied here)
+    a, b          [B, T, Hv]       raw projections (gating is applied here), or their int64 sums
+                                   (kernels/fixed_sum.py: converted, not cleared — every program of a head reads
+                                   them; gated_rmsnorm's `clear` zeroes them)
     A_log, dt_bias [Hv]
     state         [num_slots, Hv, dk, dv]  fp16 or fp32: dv fastest (transformers' layout) or dk fastest (the
                                    engine's: kernels/gdn_common.state_pool)
@@ -28,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import device as gpu
+from kernels import device as gpu, fixed_sum
 from kernels import gdn_recurrent_gluon as gdn_gluon
 from kernels.device import pdl_wait
 from kernels.gdn_common import dk_fastest, gdn_gates, slot_row
@@ -135,8 +137,8 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
         qr = qr + (tl.load(q_ptr + bi * sq_b + t * sq_t + kh * sq_h + offs_k).to(tl.float32),)
         kr = kr + (tl.load(k_ptr + bi * sk_b + t * sk_t + kh * sk_h + offs_k).to(tl.float32),)
         vs = vs + (tl.load(v_ptr + bi * sv_b + t * sv_t + h * sv_h + offs_v).to(tl.float32),)
-        a_s = a_s + (tl.load(a_ptr + bi * sa_b + t * sa_t + h),)
-        b_s = b_s + (tl.load(b_ptr + bi * sb_b + t * sb_t + h),)
+        a_s = a_s + (fixed_sum.load(a_ptr + bi * sa_b + t * sa_t + h, True),)
+        b_s = b_s + (fixed_sum.load(b_ptr + bi * sb_b + t * sb_t + h, True),)
     if PROJ_DOT:
         # the A operand of the projections: raw k_t in rows t < T, raw q_t in rows TP + t
         offs_r = tl.arange(0, 2 * TP)

@@ -33,7 +33,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from kernels import device as gpu
+from kernels import device as gpu, fixed_sum
 from kernels.gdn_common import slot_row
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 
@@ -151,8 +151,8 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
         qf, kf = qf + (gl.load(q_row + offs_f).to(gl.float32),), kf + (gl.load(k_row + offs_f).to(gl.float32),)
         qs, ks = qs + (gl.load(q_row + offs_k).to(gl.float32),), ks + (gl.load(k_row + offs_k).to(gl.float32),)
         vs = vs + (gl.load(v_ptr + bi * sv_b + t * sv_t + h * sv_h + offs_v).to(gl.float32),)
-        a_s = a_s + (gl.load(a_ptr + bi * sa_b + t * sa_t + h),)
-        b_s = b_s + (gl.load(b_ptr + bi * sb_b + t * sb_t + h),)
+        a_s = a_s + (fixed_sum.load(a_ptr + bi * sa_b + t * sa_t + h, True),)     # stored, or int64 sums
+        b_s = b_s + (fixed_sum.load(b_ptr + bi * sb_b + t * sb_t + h, True),)
 
     # while the state is in flight: l2-normalised k_t, scaled q_t (l2norm's eps), q_t.k_t, decays, betas
     kn, qn, qk, es, betas = (), (), (), (), ()

@@ -29,6 +29,12 @@ and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran
   atomics: at 1-8 rows in a workspace that carries each element's arrival count (flush_marked: the last add of
   an element returns its total, so no program waits for the others; with the scales' ring it took 3-15% off
   the time at 1-8 rows against flush_tile's counter), at 9-16 rows through flush_tile.
+* Or the flush is left to the consumer: given an int64 output (zeros), shared tiles are added by posted atomics
+  (`red`: nothing returns, no program waits) and the kernel that reads the linear's output converts and clears
+  the sums (kernels/fixed_sum.py; bitwise the bf16 this kernel stores). H200, against the stored bf16 in the same
+  run, M = 1 / 2-5 / 8: qkvz 13.7 -> 11.8 / 15.4 -> 13.5 / 16.4 -> 13.9 µs, gate_up 24.8 -> 23.6 / 27.1 -> 25.2 /
+  28.6 -> 25.8, down 14.2 -> 13.0 / 15.5 -> 13.5 / 16.4 -> 14.4, attn_qkv_gate 12.4 -> 10.9 / 13.7 -> 11.8,
+  out_proj 7.1 -> 5.9 / 8.0 -> 6.7 (same launch table).
 Measured on the H200 (bench/results/kernels-h200.md; the small shapes pay the launch's fixed latency: their copy
 floor is 0.72-0.90). Against the GPTQ layout (words copied as 16 rows of the group, read back 4 bytes at a time
 through a swizzle, activations permuted in registers, fp32 sums, one launch for 1-8 rows): M = 1 1-8% and M = 5
@@ -283,16 +289,31 @@ def flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om
 
 
 @gluon.jit
+def post_tile(acc, tile, n_groups, P, units, out_ptr, M, N, stride_om, BN: gl.constexpr, BT: gl.constexpr,
+              mma: gl.constexpr):
+    """The int64 fixed-point output (zero on entry; its consumer converts and zeroes it: kernels/fixed_sum.py): a
+    tile no other program shares is stored, else acc is added by posted atomics — nothing returns, so no program
+    waits at the end for a round trip to L2 (flush_marked's cost)."""
+    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma)
+    first = _prog_of(tile * n_groups, P, units)
+    if _prog_of((tile + 1) * n_groups - 1, P, units) == first:
+        gl.store(out, acc, mask=mask)
+    else:
+        gl.atomic_add(out, acc, mask=mask, sem="relaxed")
+
+
+@gluon.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_om,
                       w_layout: gl.constexpr, c_layout: gl.constexpr, ring_layout: gl.constexpr,
                       x_copy: gl.constexpr, x_ring_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
                       W: gl.constexpr, STAGES: gl.constexpr, SP: gl.constexpr, MARKS: gl.constexpr,
                       EVEN_N: gl.constexpr, PDL: gl.constexpr):
-    # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/128, N, 16], s [K/128, N], out [M, N] (any float dtype);
-    # ws fp32 [2·M·N] (used as int64 [M, N]) and cnt int32 [tiles] zeroed (kernels/splitk.py). Grid (P,): the
-    # tiles · K/128 work units (tile, group), tile-major, are cut into P equal contiguous ranges, one per program
-    # ("stream-K"): every SM streams the same number of groups; a tile split between programs is summed through
-    # the workspace (flush_marked, or flush_tile and its counters).
+    # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/128, N, 16], s [K/128, N], out [M, N] (any float dtype,
+    # or int64 fixed-point sums, zero on entry: post_tile); ws fp32 [2·M·N] (used as int64 [M, N]) and cnt int32
+    # [tiles] zeroed (kernels/splitk.py). Grid (P,): the tiles · K/128 work units (tile, group), tile-major, are
+    # cut into P equal contiguous ranges, one per program ("stream-K"): every SM streams the same number of groups;
+    # a tile split between programs is summed through the workspace (flush_marked, or flush_tile and its counters),
+    # or posted into int64 sums (post_tile).
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
@@ -352,7 +373,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
         acc = _group_product(q, x_ring.index(i % STAGES), s, acc, BN, BT, DT, BASE, mma, a_op, b_op)
         if (u + 1 == u_hi) | ((u + 1) % n_groups == 0):            # the tile's last group, or the range's
             tile = u // n_groups
-            if MARKS:
+            if out_ptr.dtype.element_ty == gl.int64:
+                post_tile(acc, tile, n_groups, gl.num_programs(0), units, out_ptr, M, N, stride_om, BN, BT, mma)
+            elif MARKS:
                 flush_marked(acc, tile, n_groups, gl.num_programs(0), units, out_ptr, ws_ptr, M, N, stride_om, BN, BT,
                              mma)
             else:
@@ -399,13 +422,15 @@ def pick(m: int, n: int, k: int, device, **override) -> dict:
 
 def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = None, warps: int = None,
               programs: int = None, stages: int = None, ctas_per_sm: int = None, marks: bool = None) -> torch.Tensor:
-    """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype); launch parameters default to pick()
-    (marks: flush_marked, else flush_tile)."""
+    """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype; or, from bf16 x, int64 zeros that
+    receive the fixed-point sums for a consumer to convert: kernels/fixed_sum.py); launch parameters default to
+    pick() (marks: flush_marked, else flush_tile; neither for int64 sums)."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     out2 = out.view(-1, n)
     assert m <= MAX_ROWS and x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
+    assert out.dtype != torch.int64 or x.dtype == torch.bfloat16, "int64 sums stand for bf16 activations"
     given = {key: v for key, v in dict(block_n=block_n, warps=warps, programs=programs, stages=stages,
                                        ctas_per_sm=ctas_per_sm, marks=marks).items() if v is not None}
     p = pick(m, n, k, x.device, **given)

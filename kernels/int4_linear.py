@@ -366,12 +366,14 @@ def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
 
 
 def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg: Config = None) -> torch.Tensor:
-    """x [..., K] bf16/fp16 → [..., N] (x's dtype, or written into `out`, any float dtype)."""
+    """x [..., K] bf16/fp16 → [..., N] (x's dtype, or written into `out`, any float dtype; or int64 zeros that
+    receive the fixed-point sums, for the GEMV's rows: kernels/fixed_sum.py)."""
     assert x.dtype in (torch.bfloat16, torch.float16)
     if out is None:
         out = torch.empty(*x.shape[:-1], w.n, dtype=x.dtype, device=x.device)
     if cfg is None and gemv_supports(x, w):
         return int4_gemv(x, w, out)
+    assert out.dtype != torch.int64, "int64 sums (kernels/fixed_sum.py) come from the GEMV's rows only"
     if cfg is None and wgmma_supports(x, w):
         return int4_wgmma(x, w, out)
     return _launch(x, None, w, out, cfg)

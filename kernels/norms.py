@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels import fixed_sum
 from kernels.device import pdl_args, pdl_wait
 from kernels.kv_write import cache_args, store_token
 from layers.model import apply_rope, gated_rms_norm, rms_norm_1p
@@ -83,12 +84,14 @@ def _int8_store(q_ptr, y, s, mask):
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, H, eps,
                         HAS_RES: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """x, residual, h, y [T, H] contiguous, w [H]; grid (T,). h may alias residual (written after reading)."""
+    """x, residual, h, y [T, H] contiguous, w [H]; grid (T,). h may alias residual (written after reading);
+    x may be a linear's int64 sums (kernels/fixed_sum.py: converted, then cleared)."""
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK)
     m = d < H
-    hf = tl.load(x_ptr + t * H + d, mask=m, other=0.0).to(tl.float32)
+    hf = fixed_sum.load(x_ptr + t * H + d, m)
+    fixed_sum.clear(x_ptr + t * H + d, m)
     if HAS_RES:   # the residual add rounds to the activation dtype, as a bf16 torch add does
         hf = _rne(hf + tl.load(res_ptr + t * H + d, mask=m, other=0.0).to(tl.float32), h_ptr.dtype.element_ty)
         tl.store(h_ptr + t * H + d, hf, mask=m)
@@ -102,14 +105,16 @@ def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, H, ep
 
 
 @triton.jit
-def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, NH, D, stride_z, eps,
+def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, c_ptr, NH, D, stride_z, NC, stride_c, eps,
                           QUANT: tl.constexpr, W_ROUNDS: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
-                          PDL: tl.constexpr):
+                          BC: tl.constexpr, PDL: tl.constexpr):
     """x, y [T, NH, D] contiguous, z [T, NH, D] with row stride stride_z (heads and D contiguous: z may be the
-    tail of a fused projection's rows), w [D]; grid (T,): all heads of a token in one [BH, BD] tile."""
+    tail of a fused projection's rows; or its int64 sums, kernels/fixed_sum.py, converted and cleared), w [D];
+    c [T, NC] int64 sums (row stride stride_c) to clear (by the token's first program), NC = 0: none.
+    Grid (T, cdiv(NH, BH)): BH heads of a token in one [BH, BD] tile (QUANT: all of them)."""
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
-    hh = tl.arange(0, BH)[:, None]
+    hh = tl.program_id(1) * BH + tl.arange(0, BH)[:, None]
     d = tl.arange(0, BD)[None, :]
     m = (hh < NH) & (d < D)
     offs = t * NH * D + hh * D + d
@@ -119,7 +124,11 @@ def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, NH, D, strid
     g = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32) * xn
     if W_ROUNDS:   # w in the activation dtype: HF's w · x̂ product is rounded to it
         g = _rne(g, dt)
-    z = tl.load(z_ptr + t * stride_z + hh * D + d, mask=m, other=0.0).to(tl.float32)
+    z = fixed_sum.load(z_ptr + t * stride_z + hh * D + d, m)
+    fixed_sum.clear(z_ptr + t * stride_z + hh * D + d, m)
+    if BC > 0:
+        cols = tl.arange(0, BC)
+        fixed_sum.clear(c_ptr + t * stride_c + cols, (cols < NC) & (tl.program_id(1) == 0))
     y = _rne(g * (z * tl.sigmoid(z)), dt)
     tl.store(y_ptr + offs, y, mask=m)
     if QUANT:
@@ -138,30 +147,35 @@ def _qk_norm_rope_kernel(qg_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr,
     """qg [T, HQ·2D] rows [q_0 | gate_0 | q_1 | gate_1 …]; k [T, HKV·D]; cos/sin [T, RD];
     q, gate [T, HQ, D] and k out [T, HKV, D] contiguous. grid (T, HQ + HKV): one head per program.
     KV_WRITE: rows are B batch rows × n_new tokens, and each k head's program also writes its k and v [T, HKV·D]
-    (row stride v_stride) into the KV caches (kernels/kv_write.store_token)."""
+    (row stride v_stride) into the KV caches (kernels/kv_write.store_token). qg, k and v may be a linear's int64
+    sums (kernels/fixed_sum.py: converted, and cleared once the program has read them)."""
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BD)
     m = d < D
     is_q = h < HQ
+    dt = q_ptr.dtype.element_ty
     if is_q:
         src, w_ptr, dst = qg_ptr + t * qg_stride + h * 2 * D, qw_ptr, q_ptr + (t * HQ + h) * D
-        g = tl.load(src + D + d, mask=m, other=0.0)
+        g = fixed_sum.load(src + D + d, m)
+        fixed_sum.clear(src + D + d, m)
         if SIGMOID_GATE:
-            g = _rne(tl.sigmoid(g.to(tl.float32)), g.dtype)
+            g = _rne(tl.sigmoid(g), dt)
         tl.store(gate_ptr + (t * HQ + h) * D + d, g, mask=m)
     else:
         src, w_ptr, dst = k_ptr + t * k_stride + (h - HQ) * D, kw_ptr, ko_ptr + (t * HKV + h - HQ) * D
-    dt = dst.dtype.element_ty
-    xf = tl.load(src + d, mask=m, other=0.0).to(tl.float32)
+    xf = fixed_sum.load(src + d, m)
     rstd = tl.rsqrt(tl.sum(xf * xf, 0) / D + eps)
     y = _rne(xf * rstd * (1.0 + tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)), dt)
     # rotate_half partner of dim j < RD: j + RD/2 (negated) or j − RD/2; normed from its own raw value
     half = RD // 2
     rot = d < RD
     pd = tl.where(d < half, d + half, d - half)
-    xp = tl.load(src + pd, mask=rot, other=0.0).to(tl.float32)
+    xp = fixed_sum.load(src + pd, rot)
+    if qg_ptr.dtype.element_ty == tl.int64:
+        tl.debug_barrier()                      # every thread's partner read before the row is cleared
+    fixed_sum.clear(src + d, m)
     yp = _rne(xp * rstd * (1.0 + tl.load(w_ptr + pd, mask=rot, other=0.0).to(tl.float32)), dt)
     yp = tl.where(d < half, -yp, yp)
     c = tl.load(cos_ptr + t * cs_stride + d, mask=rot, other=0.0).to(tl.float32)
@@ -171,18 +185,23 @@ def _qk_norm_rope_kernel(qg_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr,
     tl.store(dst + d, out, mask=m)
     if KV_WRITE:
         if not is_q:
-            v = tl.load(v_ptr + t * v_stride + (h - HQ) * D + d, mask=m, other=0.0).to(tl.float32)
+            v = fixed_sum.load(v_ptr + t * v_stride + (h - HQ) * D + d, m)
+            fixed_sum.clear(v_ptr + t * v_stride + (h - HQ) * D + d, m)
             store_token(out, v, d, m, t // n_new, t % n_new, n_new, h - HQ, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
                         rows_ptr, lens_ptr, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, FP8)
 
 
 @triton.jit
-def _silu_mul_value(g_ptr, u_ptr, offs, m):
-    g = tl.load(g_ptr + offs, mask=m, other=0.0)
-    dt = g.dtype
-    g = g.to(tl.float32)
+def _silu_mul_value(g_ptr, u_ptr, offs, m, CLEAR: tl.constexpr):
+    """y at offs; gate and up may be int64 sums (kernels/fixed_sum.py: bf16), cleared by the pass that CLEARs."""
+    dt: tl.constexpr = tl.bfloat16 if g_ptr.dtype.element_ty == tl.int64 else g_ptr.dtype.element_ty
+    g = fixed_sum.load(g_ptr + offs, m)
+    u = fixed_sum.load(u_ptr + offs, m)
+    if CLEAR:
+        fixed_sum.clear(g_ptr + offs, m)
+        fixed_sum.clear(u_ptr + offs, m)
     act = _rne(g * tl.sigmoid(g), dt)                             # F.silu rounds to the input dtype
-    return _rne(act * tl.load(u_ptr + offs, mask=m, other=0.0).to(tl.float32), dt)
+    return _rne(act * u, dt)
 
 
 @triton.jit
@@ -194,7 +213,7 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, amax_ptr, I, g_stride, u_stride, NCH,
     t, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = c * BLOCK + tl.arange(0, BLOCK)
     m = offs < I
-    y = _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m)
+    y = _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m, not QUANT)
     if WRITE_Y:
         tl.store(y_ptr + t * I + offs, y, mask=m)
     if QUANT:
@@ -214,7 +233,8 @@ def _silu_mul_int8_kernel(g_ptr, u_ptr, amax_ptr, q_ptr, s_ptr, I, g_stride, u_s
         tl.store(s_ptr + t, s)
     offs = c * BLOCK + tl.arange(0, BLOCK)
     m = offs < I
-    _int8_store(q_ptr + t * I + offs, _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m), s, m)
+    _int8_store(q_ptr + t * I + offs, _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m, True),
+                s, m)
 
 
 # ------------------------------------------------------------------------------------------- host side
@@ -225,27 +245,39 @@ def _buf(t, shape, dtype, device):
 
 def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None):
     """x, residual [T, H] contiguous (residual None: h = x) -> (h, y), plus (q int8 [T, H], s [T]) when quant.
-    Pass h=residual to update the residual stream in place."""
+    Pass h=residual to update the residual stream in place. x may be a linear's int64 sums (with a residual):
+    their 8-byte rows take 16 warps (H200, T 5 x 5120: 3.3 against 3.6 µs on 8; stored bf16 2.4 on 8)."""
     T, H = x.shape
-    h = x if residual is None else _buf(h, (T, H), x.dtype, x.device)
-    y = _buf(y, (T, H), x.dtype, x.device)
+    assert residual is not None or not fixed_sum.deferred(x), "int64 sums are added to a residual"
+    dt = fixed_sum.activation_dtype(x)
+    h = x if residual is None else _buf(h, (T, H), dt, x.device)
+    y = _buf(y, (T, H), dt, x.device)
     q, s = (_buf(q, (T, H), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
     _add_rmsnorm_kernel[(T,)](x, x if residual is None else residual, w, h, y, q, s, H, eps,
                               HAS_RES=residual is not None, QUANT=quant, BLOCK=triton.next_power_of_2(H),
-                              num_warps=8, **pdl_args(x.device))
+                              num_warps=16 if fixed_sum.deferred(x) else 8, **pdl_args(x.device))
     return (h, y, q, s) if quant else (h, y)
 
 
-def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None):
-    """x [T, heads, D] contiguous, z [T, heads, D] (heads and D contiguous, any row stride) -> y [T, heads, D],
-    plus (q int8 [T, heads·D], s [T]) per token when quant."""
+def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None, heads=2):
+    """x [T, heads, D] contiguous, z [T, heads, D] (heads and D contiguous, any row stride; or a linear's int64
+    sums) -> y [T, heads, D], plus (q int8 [T, heads·D], s [T]) per token when quant. clear: int64 sums [T, n]
+    (unit column stride) that earlier kernels read but could not clear, zeroed here — the GDN layer's b and a,
+    which every program of a head reads in gdn_verify (kernels/fixed_sum.py). heads: per program (all with
+    quant). H200, T 5 x 48 heads of 128, heads per program 48 / 16 / 8 / 4 / 2: stored z 3.42 / 1.45 / 1.28 /
+    1.33 / 1.26 µs, int64 sums 3.80 / 1.98 / 2.13 / 1.79 / 1.44."""
     T, NH, D = x.shape
     assert x.is_contiguous() and z.shape == x.shape and z.stride(2) == 1 and z.stride(1) == D
+    assert clear is None or (fixed_sum.deferred(clear) and clear.shape[0] == T and clear.stride(1) == 1)
     y = _buf(y, (T, NH, D), x.dtype, x.device)
     q, s = (_buf(q, (T, NH * D), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
-    _gated_rmsnorm_kernel[(T,)](x, z, w, y, q, s, NH, D, z.stride(0), eps, QUANT=quant, W_ROUNDS=w.dtype == x.dtype,
-                                BH=triton.next_power_of_2(NH), BD=triton.next_power_of_2(D), num_warps=8,
-                                **pdl_args(x.device))
+    c, nc = (clear, clear.shape[1]) if clear is not None else (z, 0)
+    bh = triton.next_power_of_2(NH if quant else heads)
+    _gated_rmsnorm_kernel[(T, triton.cdiv(NH, bh))](x, z, w, y, q, s, c, NH, D, z.stride(0), nc, c.stride(0), eps,
+                                                    QUANT=quant, W_ROUNDS=w.dtype == x.dtype, BH=bh,
+                                                    BD=triton.next_power_of_2(D),
+                                                    BC=triton.next_power_of_2(nc) if nc else 0,
+                                                    num_warps=max(1, min(8, bh // 2)), **pdl_args(x.device))
     return (y, q, s) if quant else y
 
 
@@ -259,9 +291,12 @@ def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=F
     T = qg.shape[0]
     D = k.shape[1] // kv_heads
     assert qg.stride(1) == 1 and k.stride(1) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
-    q = _buf(q, (T, heads, D), qg.dtype, qg.device)
-    gate = _buf(gate, (T, heads, D), qg.dtype, qg.device)
-    k_out = _buf(k_out, (T, kv_heads, D), k.dtype, k.device)
+    assert qg.dtype == k.dtype and (v is None or v.dtype == k.dtype)
+    assert kv is not None or not fixed_sum.deferred(qg), "int64 sums: v is read (and cleared) with the KV write"
+    dt = fixed_sum.activation_dtype(qg)
+    q = _buf(q, (T, heads, D), dt, qg.device)
+    gate = _buf(gate, (T, heads, D), dt, qg.device)
+    k_out = _buf(k_out, (T, kv_heads, D), dt, k.device)
     if kv is not None:
         cache_rows = kv[4]
         assert v is not None and v.shape == k.shape and v.stride(1) == 1, "v: [T, kv_heads·D] with the caches"
@@ -277,15 +312,17 @@ def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=F
     return q, k_out, gate
 
 
-def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, amax=None, block=4096):
-    """gate, up [T, I] (unit stride along I; e.g. the halves of a merged gate_up) -> y [T, I] and, when quant,
-    (q int8 [T, I], s [T]); write_y=False skips y when only the int8 copy is consumed. amax [T, cdiv(I, block)]
-    fp32 is the int8 scratch (pass it, like the outputs, for graph capture)."""
+def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, amax=None, block=1024):
+    """gate, up [T, I] (unit stride along I; e.g. the halves of a merged gate_up; or a linear's int64 sums,
+    kernels/fixed_sum.py) -> y [T, I] and, when quant, (q int8 [T, I], s [T]); write_y=False skips y when only
+    the int8 copy is consumed. amax [T, cdiv(I, block)] fp32 is the int8 scratch (pass it, like the outputs, for
+    graph capture). H200, T 5 x 17408, block 4096 / 2048 / 1024 / 512: stored 1.57 / 1.33 / 1.14 / 1.38 µs,
+    int64 sums 3.36 / 2.45 / 1.64 / 1.86."""
     T, I = gate.shape
-    assert gate.stride(1) == 1 and up.stride(1) == 1 and (write_y or quant)
+    assert gate.stride(1) == 1 and up.stride(1) == 1 and (write_y or quant) and gate.dtype == up.dtype
     block = min(block, triton.next_power_of_2(I))
     nch = triton.cdiv(I, block)
-    y = _buf(y, (T, I), gate.dtype, gate.device) if write_y else None
+    y = _buf(y, (T, I), fixed_sum.activation_dtype(gate), gate.device) if write_y else None
     if quant:
         q, s = _buf(q, (T, I), torch.int8, gate.device), _buf(s, (T,), torch.float32, gate.device)
         amax = _buf(amax, (T, nch), torch.float32, gate.device)

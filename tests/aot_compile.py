@@ -56,6 +56,7 @@ def launches():
             int4_linear.int4_linear(empty(m, k), w)
         for m in (1, 5, 16):                        # the GPU's path for these (int4_linear picks it on CUDA only)
             int4_gemv.int4_gemv(empty(m, k), w, empty(m, n))
+            int4_gemv.int4_gemv(empty(m, k), w, empty(m, n, dtype=torch.int64))     # deferred sums
         if gpu.capability(None) >= (9, 0):
             for m in (B * T, 320):                  # and on sm_90 for these
                 int4_wgmma.int4_wgmma(empty(m, k), w, empty(m, n))
@@ -91,6 +92,12 @@ def launches():
                        empty(HV, dtype=torch.float32), empty(HV, dtype=torch.float32),
                        pool.transpose(-1, -2) if dk_fastest else pool, empty(width, T, dtype=torch.int32),
                        empty(width, dtype=torch.int32), gluon=gluon)
+    sums = empty(B, T, 2, HV, dtype=torch.int64)                        # b and a as deferred sums
+    for gluon in (False, True):
+        qk = empty(B, T, HK, DK)
+        gdn_verify(qk, qk, empty(B, T, HV, DK), sums[:, :, 0], sums[:, :, 1], empty(HV, dtype=torch.float32),
+                   empty(HV, dtype=torch.float32), empty(B * T, HV, DK, DK, dtype=torch.float16).transpose(-1, -2),
+                   empty(B, T, dtype=torch.int32), empty(B, dtype=torch.int32), gluon=gluon)
     qk = empty(1, 256, HK, DK)
     gdn_prefill(qk, qk, empty(1, 256, HV, DK), empty(1, 256, HV), empty(1, 256, HV), empty(HV, dtype=torch.float32),
                 empty(HV, dtype=torch.float32), empty(2, HV, DK, DK, dtype=torch.float32).transpose(-1, -2), rows[:1],
@@ -98,11 +105,18 @@ def launches():
     weight = empty(conv_dim, 4)
     causal_conv1d(empty(B, T, conv_dim), weight, empty(B, conv_dim, 3 + 4), rows, num_accepted=lens)
     causal_conv1d(empty(1, 256, conv_dim), weight, empty(1, conv_dim, 3 + 4), rows[:1])
+    causal_conv1d(empty(B, T, conv_dim, dtype=torch.int64), weight, empty(B, conv_dim, 3 + 4), rows,
+                  num_accepted=lens)
     yield "gdn verify + prefill + conv1d"
     for quant in (False, True):
         add_rmsnorm(empty(B * T, H), empty(B * T, H), empty(H), 1e-6, quant=quant)
         gated_rmsnorm(empty(B * T, HV, DK), empty(B * T, HV, DK), empty(DK, dtype=torch.float32), 1e-6, quant=quant)
+        gated_rmsnorm(empty(B * T, HV, DK), empty(B * T, HV, DK, dtype=torch.int64), empty(DK, dtype=torch.float32),
+                      1e-6, quant=quant, clear=empty(B * T, 2 * HV, dtype=torch.int64))
         silu_mul(empty(B * T, I), empty(B * T, I), quant=quant)
+        sums = empty(B * T, 2 * I, dtype=torch.int64)                   # deferred sums (kernels/fixed_sum.py)
+        add_rmsnorm(sums[:, :H], empty(B * T, H), empty(H), 1e-6, quant=quant)
+        silu_mul(sums[:, :I], sums[:, I:], quant=quant)
     qk_norm_rope(empty(B * T, HQ * 2 * D), empty(B * T, HKV * D), empty(D), empty(D), empty(B * T, 64),
                  empty(B * T, 64), HQ, HKV, 1e-6)
     scale, rows = empty(HKV, dtype=torch.float32), empty(B, dtype=torch.int32)
@@ -110,6 +124,10 @@ def launches():
         kc = empty(B, HKV, 4096, D, dtype=cache_dtype)
         qk_norm_rope(empty(B * T, HQ * 2 * D), empty(B * T, HKV * D), empty(D), empty(D), empty(B * T, 64),
                      empty(B * T, 64), HQ, HKV, 1e-6, v=empty(B * T, HKV * D),
+                     kv=(kc, empty(B, HKV, D, 4096, dtype=cache_dtype).transpose(2, 3), scale, scale, rows, rows))
+        sums = empty(B * T, HQ * 2 * D + 2 * HKV * D, dtype=torch.int64)
+        qk_norm_rope(sums[:, :HQ * 2 * D], sums[:, HQ * 2 * D:-HKV * D], empty(D), empty(D), empty(B * T, 64),
+                     empty(B * T, 64), HQ, HKV, 1e-6, v=sums[:, -HKV * D:],
                      kv=(kc, empty(B, HKV, D, 4096, dtype=cache_dtype).transpose(2, 3), scale, scale, rows, rows))
     yield "fused norms"
     params = SamplingTensors(empty(B, dtype=torch.float32), empty(B, dtype=torch.int32), empty(B, dtype=torch.float32))

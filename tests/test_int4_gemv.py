@@ -85,3 +85,20 @@ def test_int4_gemv_strided_rows_and_graph_replay():
     w = quantize_int4(torch.randn(5120, 6144, device="cuda"))
     out = torch.empty(4, 5120, dtype=torch.bfloat16, device="cuda")
     check_graph_replay(lambda: int4_gemv(x, w, out), x, out, lambda x: x.float() @ dequantize_int4(w).T)
+
+
+@pytest.mark.parametrize("n,k", SHAPES_27B)
+def test_int4_gemv_deferred_sums(n, k):
+    """Into int64 zeros the GEMV posts its fixed-point sums (kernels/fixed_sum.py); converted they are bitwise the
+    bf16 output it stores itself, at every row bucket, and the sums of a second launch add to the first's."""
+    from kernels.fixed_sum import to_bf16_ref
+    x, w, _ = case(16, n, k, torch.bfloat16, torch.float16, 3 * n + k)
+    for m in (1, 2, 5, 8, 12, 16):
+        out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        sums = torch.zeros(m, n, dtype=torch.int64, device="cuda")
+        int4_gemv(x[:m], w, out)
+        int4_gemv(x[:m], w, sums)
+        assert torch.equal(to_bf16_ref(sums), out), m
+        once = sums.clone()
+        int4_gemv(x[:m], w, sums)
+        assert torch.equal(sums, 2 * once), m
