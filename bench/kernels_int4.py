@@ -114,10 +114,10 @@ def run(peak_Bps: float) -> list:
                 config = _cfg_str(pick_config(m, n, k, dev))
             rows.append(row("int4_linear W4A16", f"{shape} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k, peak_Bps,
                             peer="ours", config=config, **extra))
-        for m in GEMV_M:            # its consumer converts and clears the sums (8 bytes each, not 2)
+        for m in GEMV_M + (8, 16):  # its consumer converts and clears the sums (8 bytes each, not 2)
             us = time_ours(m, n, k, sums=True)
             rows.append(row("int4_gemv W4A16 -> int64 sums", f"{shape} M={m}", us, int4_bytes(m, n, k) + 6 * m * n,
-                            2 * m * n * k, peak_Bps, peer="ours", config=_gemv_str(gemv.pick(m, n, k, dev))))
+                            2 * m * n * k, peak_Bps, peer="ours", config=_gemv_str(gemv.pick(m, n, k, dev, sums=True))))
         for m in PEER_M:
             cfg = pick_config(m, n, k, dev)
             us = time_ours(m, n, k, cfg=cfg)

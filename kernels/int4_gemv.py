@@ -394,10 +394,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # M = 5), and 7 ran a second wave although 140 registers did not spill: a quarter of the SM (16K registers) holds 4
 # of its 14 warps, so 7 CTAs of 2 warps need ≤ 128 (30-40% slower); M = 9-16 128 columns on 4 warps, 4 per SM
 # (half the accumulator per thread) 1.4-1.6x faster than on 2 warps, 6 per SM. 2 stages beat 3 throughout. (The
-# sums are in fixed point, so the buckets' different K ranges give every token the same bits.)
+# sums are in fixed point, so the buckets' different K ranges give every token the same bits.) Into int64 sums
+# (post_tile), same sweep: M = 2-8 6 per SM still (8: 0-15% slower, 4 warps 4 per SM 1-9%), M = 9-16 3 per SM
+# 3-9% faster than 4 (qkvz 18.2 against 18.8 µs, out_proj 8.5 against 9.1 at M = 12).
 ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True)),
                (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
-               (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, marks=False)))
+               (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, sums_ctas_per_sm=3, marks=False)))
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
@@ -407,10 +409,13 @@ def supports(x: torch.Tensor, w: Int4Weight) -> bool:
             and x.stride(-1) == 1)
 
 
-def pick(m: int, n: int, k: int, device, **override) -> dict:
-    """Launch parameters for m rows: the bucket's tile, the CTAs per SM that fit, and one program per resident CTA
-    (at most one per work unit)."""
-    p = dict(next(p for bound, p in ROW_BUCKETS if m <= bound), **override)
+def pick(m: int, n: int, k: int, device, sums: bool = False, **override) -> dict:
+    """Launch parameters for m rows: the bucket's tile, the CTAs per SM that fit (into int64 sums, the bucket's
+    sums_ctas_per_sm where it has one), and one program per resident CTA (at most one per work unit)."""
+    p = dict(next(p for bound, p in ROW_BUCKETS if m <= bound))
+    sums_ctas = p.pop("sums_ctas_per_sm", p["ctas_per_sm"])
+    p["ctas_per_sm"] = sums_ctas if sums else p["ctas_per_sm"]
+    p.update(override)
     bt = token_tile(m)
     stage = p["block_n"] * 66 + bt * 256                               # words, scales, activations
     ring_bytes = p["stages"] * stage + 1024                           # + the 1 KiB the GPU reserves per CTA
@@ -433,7 +438,7 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
     assert out.dtype != torch.int64 or x.dtype == torch.bfloat16, "int64 sums stand for bf16 activations"
     given = {key: v for key, v in dict(block_n=block_n, warps=warps, programs=programs, stages=stages,
                                        ctas_per_sm=ctas_per_sm, marks=marks).items() if v is not None}
-    p = pick(m, n, k, x.device, **given)
+    p = pick(m, n, k, x.device, out.dtype == torch.int64, **given)
     pdl = gpu.pdl(x.device)
     bt = token_tile(m)
     assert -(-p["programs"] // triton.cdiv(n, p["block_n"])) < MAX_SHARING, "too many programs per column tile"
