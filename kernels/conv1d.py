@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import fixed_sum
+from kernels import device as gpu, fixed_sum
 from kernels.device import pdl_args, pdl_wait
 
 
@@ -91,15 +91,17 @@ def _causal_conv1d_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, num_acc_ptr, y_ptr
 def causal_conv1d(x, weight, conv_state, conv_slots, num_accepted=None, out=None, block_c=None):
     """silu(causal depthwise conv1d) of L new columns per sequence, conv state updated in place (module
     docstring). Returns y [B, L, C]; `out` may be passed (CUDA graphs). block_c: channels per program, by default
-    32 for a verify's one token tile (H200, B 1, L 5, C 10240, 256 / 128 / 64 / 32 channels: bf16 x 3.39 / 2.69
-    / 2.36 / 2.22 µs, int64 sums 5.22 / 4.11 / 3.19 / 2.76), 128 for prefill tiles."""
+    the widest of 128 / 64 / 32 that gives every SM two programs (H200, L 5, C 10240: B 1 256 / 128 / 64 / 32
+    channels bf16 x 3.39 / 2.69 / 2.36 / 2.22 µs, int64 sums 5.22 / 4.11 / 3.19 / 2.76; B 8 / 64 128 4.1-4.9 / 29-30 µs,
+    32 6.2 / 39)."""
     B, L, C = x.shape
     K, M = weight.shape[1], conv_state.shape[2]
     assert weight.shape[0] == C and conv_state.shape[1] == C and M >= K - 1 and conv_slots.shape == (B,)
     assert x.stride(-1) == 1 and conv_state.stride(2) == 1 and conv_state.stride(1) == M
     y = torch.empty(x.shape, dtype=fixed_sum.activation_dtype(x), device=x.device) if out is None else out
     bl = min(64, triton.next_power_of_2(L))        # verify: one token tile; prefill: tiles of 64 (>= K - 1)
-    block_c = block_c or (32 if bl <= 16 else 128)
+    block_c = block_c or gpu.filling_tile((128, 64, 32), lambda c: B * triton.cdiv(C, c) * triton.cdiv(L, bl),
+                                          x.device)
     assert L <= bl or not fixed_sum.deferred(x), "int64 sums: one token tile reads (and clears) them"
     _causal_conv1d_kernel[(B, triton.cdiv(C, block_c), triton.cdiv(L, bl))](
         x, weight, conv_state, conv_slots, conv_slots if num_accepted is None else num_accepted, y, L, C,

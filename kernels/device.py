@@ -39,6 +39,13 @@ def smem_per_sm(dev: torch.device) -> int:
     return torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
 
 
+def filling_tile(tiles, programs, dev: torch.device, per_sm: int = 2):
+    """The first of `tiles` (widest first) whose launch of programs(tile) programs still puts per_sm on every SM;
+    else the last: the narrowest that small batches need to spread their bytes, without the many small programs
+    that slow wide batches down."""
+    return next((t for t in tiles if programs(t) >= per_sm * num_sms(dev)), tiles[-1])
+
+
 PDL_ENABLED = True      # bench/layer_step.py turns it off to measure what the overlap saves
 
 

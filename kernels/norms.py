@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels import fixed_sum
-from kernels.device import pdl_args, pdl_wait
+from kernels.device import filling_tile, pdl_args, pdl_wait
 from kernels.kv_write import cache_args, store_token
 from layers.model import apply_rope, gated_rms_norm, rms_norm_1p
 
@@ -259,20 +259,28 @@ def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None
     return (h, y, q, s) if quant else (h, y)
 
 
-def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None, heads=2):
+def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None, heads=None):
     """x [T, heads, D] contiguous, z [T, heads, D] (heads and D contiguous, any row stride; or a linear's int64
     sums) -> y [T, heads, D], plus (q int8 [T, heads·D], s [T]) per token when quant. clear: int64 sums [T, n]
     (unit column stride) that earlier kernels read but could not clear, zeroed here — the GDN layer's b and a,
     which every program of a head reads in gdn_verify (kernels/fixed_sum.py). heads: per program (all with
-    quant). H200, T 5 x 48 heads of 128, heads per program 48 / 16 / 8 / 4 / 2: stored z 3.42 / 1.45 / 1.28 /
-    1.33 / 1.26 µs, int64 sums 3.80 / 1.98 / 2.13 / 1.79 / 1.44."""
+    quant), by default the most that give every SM two programs, at least 2. H200, 48 heads of 128: T 5, heads
+    per program 48 / 16 / 8 / 4 / 2: stored z 3.42 / 1.45 / 1.28 / 1.33 / 1.26 µs, int64 sums 3.80 / 1.98 / 2.13
+    / 1.79 / 1.44; T 40 48 / 2: 3.5 / 1.8; T 320 48 / 2: 7.9 / 9.9."""
     T, NH, D = x.shape
     assert x.is_contiguous() and z.shape == x.shape and z.stride(2) == 1 and z.stride(1) == D
     assert clear is None or (fixed_sum.deferred(clear) and clear.shape[0] == T and clear.stride(1) == 1)
     y = _buf(y, (T, NH, D), x.dtype, x.device)
     q, s = (_buf(q, (T, NH * D), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
     c, nc = (clear, clear.shape[1]) if clear is not None else (z, 0)
-    bh = triton.next_power_of_2(NH if quant else heads)
+    top = triton.next_power_of_2(NH)
+    if quant:
+        bh = top
+    elif heads:
+        bh = triton.next_power_of_2(heads)
+    else:                                                           # top, top / 2, ..., 2
+        bh = filling_tile([top >> i for i in range(top.bit_length() - 1)] or [1], lambda h: T * triton.cdiv(NH, h),
+                          x.device)
     _gated_rmsnorm_kernel[(T, triton.cdiv(NH, bh))](x, z, w, y, q, s, c, NH, D, z.stride(0), nc, c.stride(0), eps,
                                                     QUANT=quant, W_ROUNDS=w.dtype == x.dtype, BH=bh,
                                                     BD=triton.next_power_of_2(D),
