@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels.int4_gemv import FRAC
+
 _UNIT = tl.constexpr(2.0 ** -FRAC)
 _HALF_ULP = tl.constexpr((1 << 44) - 1)     # fp64 → bf16 drops 45 mantissa bits: round half to even
 _KEEP = tl.constexpr(-(1 << 45))
@@ -31,7 +32,7 @@ def activation_dtype(t: torch.Tensor) -> torch.dtype:
 def to_bf16_ref(sums: torch.Tensor) -> torch.Tensor:
     """int64 fixed-point sums → bf16, rounded once from their fp64 value (torch's double → bf16 rounds twice)."""
     b = (sums.double() * 2.0 ** -FRAC).view(torch.int64)
-    b = (b + ((1 << 44) - 1) + ((b >> 45) & 1)) & -(1 << 45)
+    b = (b + _HALF_ULP.value + ((b >> 45) & 1)) & _KEEP.value
     return b.view(torch.float64).float().bfloat16()
 
 
