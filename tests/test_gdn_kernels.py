@@ -295,6 +295,21 @@ def test_gpu_prefill_27b():
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="known bug (issue 3): on the H200, 64-token chunks with head dims below 64 "
+                   "come out wrong with the default 4 prepare warps (rel. error ~1; 8 warps right at dk 16 / dv 32); "
+                   "dk 128 / dv 32 even faults, so it is left out here")
+@pytest.mark.parametrize("dk,dv", [(16, 32), (32, 64)])
+def test_gpu_prefill_small_heads_chunk64(dk, dv):
+    B, L, HV, HK = 2, 64, 4, 2
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, dk, dv, seed=L)
+    pool = torch.randn(2, HV, dk, dv, device=DEV)
+    ref_o, ref_s = seq_reference(q, k, v, a, b, A_log, dt_bias, pool[:1].repeat(2, 1, 1, 1))
+    slots = torch.zeros(B, dtype=torch.int32, device=DEV)
+    o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, slots, slots - 1, chunk=64)
+    assert rel_err(o, ref_o) < 2e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("L,use_na", [(5, True), (1000, False)])
 def test_gpu_conv_27b(L, use_na):
     B, C, K, kd = 2, 10240, 4, 4
