@@ -20,7 +20,7 @@ import torch
 
 from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
 from bench.kernels_int4 import int4_bytes, random_int4
-from kernels import device as gpu
+from kernels import device as gpu, fixed_sum
 from kernels.attention_verify import alloc_partials, choose_nseg, verify_attention
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_common import state_pool
@@ -132,7 +132,7 @@ class Layer:
             q, k, v = (t.unflatten(-1, (-1, dm.dk)) for t in
                        self.mixed.split([dm.hk * dm.dk, dm.hk * dm.dk, dm.hv * dm.dk], -1))
             b, a = (t.view(B, T, dm.hv) for t in self.proj[:, z_end:].split(dm.hv, -1))
-            clear_ba = self.proj[:, z_end:] if self.proj.dtype == torch.int64 else None
+            clear_ba = self.proj[:, z_end:] if fixed_sum.deferred(self.proj) else None
             ks += [("in_proj qkvz+ba", lambda: int4_linear(y, self.in_proj, out=self.proj)),
                    ("conv1d", lambda: causal_conv1d(qkv, self.conv_w, self.conv_state, self.rows,
                                                     num_accepted=self.num_acc, out=self.mixed)),

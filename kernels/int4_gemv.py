@@ -266,6 +266,12 @@ def _prog_of(u, P, units):
 
 
 @gluon.jit
+def _programs_of(tile, n_groups, P, units):
+    """How many programs' ranges hold groups of this tile."""
+    return _prog_of((tile + 1) * n_groups - 1, P, units) - _prog_of(tile * n_groups, P, units) + 1
+
+
+@gluon.jit
 def flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om, BN: gl.constexpr,
                  BT: gl.constexpr, mma: gl.constexpr):
     """As flush_tile for an int64 fixed-point acc, without its counter: a tile no other program shares is stored;
@@ -274,8 +280,7 @@ def flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om
     element for the next launch. No fence, barrier or counter round trips (flush_tile's cost 2-3 µs per launch
     at 1-8 rows on the H200); but every add returns a value: at 16 rows flush_tile is faster."""
     mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma)
-    first = _prog_of(tile * n_groups, P, units)
-    programs = _prog_of((tile + 1) * n_groups - 1, P, units) - first + 1
+    programs = _programs_of(tile, n_groups, P, units)
     if programs == 1:
         gl.store(out, _to_out(acc, out_ptr), mask=mask)
     else:
@@ -295,8 +300,7 @@ def post_tile(acc, tile, n_groups, P, units, out_ptr, M, N, stride_om, BN: gl.co
     tile no other program shares is stored, else acc is added by posted atomics — nothing returns, so no program
     waits at the end for a round trip to L2 (flush_marked's cost)."""
     mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma)
-    first = _prog_of(tile * n_groups, P, units)
-    if _prog_of((tile + 1) * n_groups - 1, P, units) == first:
+    if _programs_of(tile, n_groups, P, units) == 1:
         gl.store(out, acc, mask=mask)
     else:
         gl.atomic_add(out, acc, mask=mask, sem="relaxed")
