@@ -73,20 +73,25 @@ def _chunk_gates(a_ptrs, b_ptrs, A_log_ptr, dt_bias_ptr, tmask, h):
 def _chunk_prepare_kernel(k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_ptr, u_ptr, scr_ptr, L, LP,
                           sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sa_b, sa_t, sb_b, sb_t,
                           HV: tl.constexpr, KV_GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                          CH: tl.constexpr, LOG2_NB: tl.constexpr):
+                          KP: tl.constexpr, VP: tl.constexpr, CH: tl.constexpr, LOG2_NB: tl.constexpr):
+    # KP, VP: dk, dv padded to at least 64 (masked): with narrower operands Triton 3.6's sm_90 code for the dots
+    # below came out wrong (H200, 64-token chunks, dk or dv of 16 / 32: W / U off by ~1 relative; dk 128 / dv 32
+    # faulted). The production head dims (128) compile exactly as before.
     c = tl.program_id(0)
     bh = tl.program_id(1)
     bi = bh // HV
     h = bh % HV
     t = c * CH + tl.arange(0, CH)
     tm = t < L
-    offs_k = tl.arange(0, DK)
-    offs_v = tl.arange(0, DV)
+    offs_k = tl.arange(0, KP)
+    offs_v = tl.arange(0, VP)
+    k_in = tm[:, None] & (offs_k < DK)[None, :] if KP > DK else tm[:, None]
+    v_in = tm[:, None] & (offs_v < DV)[None, :] if VP > DV else tm[:, None]
     rows = tl.arange(0, CH)[:, None]
     cols = tl.arange(0, CH)[None, :]
 
     k_rows = k_ptr + bi * sk_b + t[:, None] * sk_t + (h // KV_GROUP) * sk_h + offs_k[None, :]
-    K16 = l2norm(tl.load(k_rows, mask=tm[:, None], other=0.0), 1).to(tl.float16)
+    K16 = l2norm(tl.load(k_rows, mask=k_in, other=0.0), 1).to(tl.float16)
     g, beta, gam = _chunk_gates(a_ptr + bi * sa_b + t * sa_t + h, b_ptr + bi * sb_b + t * sb_t + h,
                                 A_log_ptr, dt_bias_ptr, tm, h)
     strict = rows > cols
@@ -116,13 +121,13 @@ def _chunk_prepare_kernel(k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_
                          input_precision="tf32x3")
 
     Ti16 = Ti.to(tl.float16)
-    K = l2norm(tl.load(k_rows, mask=tm[:, None], other=0.0), 1)        # reloaded: fewer live registers above
+    K = l2norm(tl.load(k_rows, mask=k_in, other=0.0), 1)               # reloaded: fewer live registers above
     W = tl.dot(Ti16, (K * (beta * tl.exp(gam))[:, None]).to(tl.float16))
-    V = tl.load(v_ptr + bi * sv_b + t[:, None] * sv_t + h * sv_h + offs_v[None, :], mask=tm[:, None], other=0.0)
+    V = tl.load(v_ptr + bi * sv_b + t[:, None] * sv_t + h * sv_h + offs_v[None, :], mask=v_in, other=0.0)
     U = tl.dot(Ti16, (V.to(tl.float32) * beta[:, None]).to(tl.float16))
     row = (bh * LP + t).to(tl.int64)[:, None]
-    tl.store(w_ptr + row * DK + offs_k[None, :], W.to(w_ptr.dtype.element_ty), mask=tm[:, None])
-    tl.store(u_ptr + row * DV + offs_v[None, :], U.to(u_ptr.dtype.element_ty), mask=tm[:, None])
+    tl.store(w_ptr + row * DK + offs_k[None, :], W.to(w_ptr.dtype.element_ty), mask=k_in)
+    tl.store(u_ptr + row * DV + offs_v[None, :], U.to(u_ptr.dtype.element_ty), mask=v_in)
 
 
 @triton.jit
@@ -194,7 +199,8 @@ def chunk_prepare(k, v, a, b, A_log, dt_bias, workspace, chunk=64, num_warps=4):
         k, v, a, b, A_log, dt_bias, w, u, scr, L, n * chunk,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, CH=chunk, LOG2_NB=(chunk // 16).bit_length() - 1,
+        HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, KP=max(DK, 64), VP=max(DV, 64), CH=chunk,
+        LOG2_NB=(chunk // 16).bit_length() - 1,
         num_warps=num_warps)
 
 
@@ -206,8 +212,8 @@ def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, 
     w, u, _ = workspace
     bv = block_v or min(64, DV)        # the H200 sweep's best with 4 + 4 warps (kernels-gdn-sweep-h200.md)
     # the pipelined chunk loop needs 188 KB of shared memory at 3 stages (sm_90: 227 KB); sm_8x has 99 KB, where
-    # 2 stages take 98 KB (tests/aot_compile.py)
-    stages = 3 if gpu.capability(q.device) >= (9, 0) else 2
+    # 2 stages take 98 KB (tests/aot_compile.py); fp32 inputs take a stage less (dk 128: 164 / 131 KB at 2)
+    stages = (3 if gpu.capability(q.device) >= (9, 0) else 2) - (q.element_size() > 2)
     assert DV % bv == 0
     _chunk_state_kernel[(B * HV, DV // bv)](
         q, k, a, b, A_log, dt_bias, w, u, state, initial_slots, final_slots, o, L, w.shape[2],
