@@ -98,10 +98,11 @@ def launches():
         gdn_verify(qk, qk, empty(B, T, HV, DK), sums[:, :, 0], sums[:, :, 1], empty(HV, dtype=torch.float32),
                    empty(HV, dtype=torch.float32), empty(B * T, HV, DK, DK, dtype=torch.float16).transpose(-1, -2),
                    empty(B, T, dtype=torch.int32), empty(B, dtype=torch.int32), gluon=gluon)
-    qk = empty(1, 256, HK, DK)
-    gdn_prefill(qk, qk, empty(1, 256, HV, DK), empty(1, 256, HV), empty(1, 256, HV), empty(HV, dtype=torch.float32),
-                empty(HV, dtype=torch.float32), empty(2, HV, DK, DK, dtype=torch.float32).transpose(-1, -2), rows[:1],
-                rows[:1])
+    for dtype in (torch.bfloat16, torch.float32):                       # fp32 inputs take a pipeline stage less
+        qk = empty(1, 256, HK, DK, dtype=dtype)
+        gdn_prefill(qk, qk, empty(1, 256, HV, DK, dtype=dtype), empty(1, 256, HV, dtype=dtype),
+                    empty(1, 256, HV, dtype=dtype), empty(HV, dtype=torch.float32), empty(HV, dtype=torch.float32),
+                    empty(2, HV, DK, DK, dtype=torch.float32).transpose(-1, -2), rows[:1], rows[:1])
     weight = empty(conv_dim, 4)
     causal_conv1d(empty(B, T, conv_dim), weight, empty(B, conv_dim, 3 + 4), rows, num_accepted=lens)
     causal_conv1d(empty(1, 256, conv_dim), weight, empty(1, conv_dim, 3 + 4), rows[:1])
@@ -138,14 +139,18 @@ def launches():
 
 
 def signature(fn, args, kwargs):
-    """(signature, constexprs, attrs) as the JIT would specialise this launch: pointers (16-byte aligned, as torch
-    allocates) and integers divisible by 16 carry tt.divisibility 16, which vectorised and asynchronous copies need."""
+    """(signature, constexprs, attrs) as the JIT would specialise this launch: integers equal to 1 become constants,
+    pointers (16-byte aligned, as torch allocates) and integers divisible by 16 carry tt.divisibility 16, which
+    vectorised and asynchronous copies need."""
     bound = dict(zip(fn.arg_names, args), **{k: v for k, v in kwargs.items() if k not in OPTIONS})
     sig, constants, attrs = {}, {}, {}
     for i, p in enumerate(fn.params):
         value = bound[p.name]
         if p.is_constexpr:
             sig[p.name], constants[p.name] = "constexpr", value
+            continue
+        if type(value) is int and value == 1 and not p.do_not_specialize:
+            sig[p.name], constants[p.name] = "constexpr", 1           # as the JIT does (unit strides)
             continue
         if isinstance(value, torch.Tensor):
             sig[p.name] = POINTER[value.dtype]
