@@ -25,7 +25,15 @@ B1 16k 19.4 against 19.7, 64k 51.7 against 50.8, ctx 64 9.3 against 8.3, B8 16k 
 (issuing 21%, long scoreboard 20%, wait 19%); attend alone (combine skipped) 16.0 us, with it 19.5; at ctx 64
 4.9 and 7.7. The cache rows and lengths read before the wait for the previous kernel (the step's inputs, written
 long before): B1 ctx 64 / 1.5k / 16k 7.12 / 10.27 / 19.34 against 7.69 / 10.40 / 19.46 us, B8 16k 92.7
-against 92.0 (not worth a caller's promise that nothing of the last few launches wrote them)."""
+against 92.0 (not worth a caller's promise that nothing of the last few launches wrote them).
+What bounds it (session 15): the KV tiles are pipelined (cp.async two tiles ahead: 86 KB of shared memory and 227
+registers, so 2 CTAs of 4 warps per SM); ncu at B1 16k: 0.39 instructions issued per scheduler cycle at 4.8
+cycles each, DRAM 39% busy — each warp's instruction stream (~1,400 a tile: conversions, mma, softmax) is the
+time. More warps per SM by smaller tiles was slower (us at B1 16k / B1 64k / B8 16k, against 19.6 / 50.9 / 92.7):
+16-row tiles (two programs per kv head and segment, half the accumulator, 128-183 registers) with 32 / 64-key
+tiles at 33-66 segments 21.3-40 / 57-136 / 108-181; 32-key tiles capped at 168 registers (3 CTAs per SM) at 64-99
+segments 25.9-28.8 / 63-86 / 117-127; 8 warps with 64 / 128-key tiles 19.7-28 / 54-78; 128 segments 29.6 / 60.6.
+Only 1.5k gained (16-row tiles of 64 keys: 8.3 against 10.5 us), where its target is met already."""
 import functools
 import math
 

@@ -400,7 +400,13 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # (half the accumulator per thread) 1.4-1.6x faster than on 2 warps, 6 per SM. 2 stages beat 3 throughout. (The
 # sums are in fixed point, so the buckets' different K ranges give every token the same bits.) Into int64 sums
 # (post_tile), same sweep: M = 2-8 6 per SM still (8: 0-15% slower, 4 warps 4 per SM 1-9%), M = 9-16 3 per SM
-# 3-9% faster than 4 (qkvz 18.2 against 18.8 µs, out_proj 8.5 against 9.1 at M = 12).
+# 3-9% faster than 4 (qkvz 18.2 against 18.8 µs, out_proj 8.5 against 9.1 at M = 12). Session 15, into sums:
+# 64-column tiles (fewer posted adds per element) 5-15% slower at M = 1-5 (2-3 stages, 6-12 CTAs of 1-2 warps);
+# 4 warps at 4-5 CTAs per SM or 256 columns on 8 warps: qkvz M = 5 14.1-18.0 against 13.7 µs. ncu, qkvz into
+# sums: M = 1 114 registers, 14.5 warps per SM, 5.44M instructions; M = 5 146 registers, 10.8 warps, 5.71M
+# instructions — the same stream on 3/4 of the warps. Yet 8 CTAs at M = 2-8 (128 registers, no spills) are
+# slower but for qkvz at 2-5 rows (µs, 6 -> 8 per SM: qkvz M = 5 13.5 -> 13.2, attn 11.9 -> 12.5, gate_up 25.2 ->
+# 25.2, down 13.6 -> 14.6, out_proj 6.9 -> 7.5).
 ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True)),
                (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
                (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, sums_ctas_per_sm=3, marks=False)))
