@@ -75,8 +75,8 @@ def _chunk_prepare_kernel(k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_
                           HV: tl.constexpr, KV_GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                           KP: tl.constexpr, VP: tl.constexpr, CH: tl.constexpr, LOG2_NB: tl.constexpr):
     # KP, VP: dk, dv padded to at least 64 (masked): with narrower operands Triton 3.6's sm_90 code for the dots
-    # below came out wrong (H200, 64-token chunks, dk or dv of 16 / 32: W / U off by ~1 relative; dk 128 / dv 32
-    # faulted). The production head dims (128) compile exactly as before.
+    # below came out wrong (H200, 64-token chunks, dk or dv of 16 / 32: W / U off by ~1 relative). The production
+    # head dims (128) compile exactly as before.
     c = tl.program_id(0)
     bh = tl.program_id(1)
     bi = bh // HV

@@ -297,8 +297,8 @@ def test_gpu_prefill_27b():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dk,dv", [(16, 32), (32, 32), (16, 64), (32, 64), (128, 32), (32, 128), (64, 64)])
 def test_gpu_prefill_small_heads_chunk64(dk, dv):
-    # head dims below 64 at 64-token chunks (the prepare kernel pads them to 64: on the H200 they came out wrong,
-    # rel. error ~1, and dk 128 / dv 32 faulted); fp32 inputs at dk 128 take a pipeline stage less (shared memory)
+    # head dims below 64 at 64-token chunks (the prepare kernel pads them to 64; unpadded they came out wrong on the
+    # H200, rel. error ~1); fp32 inputs at dk 128 need the state walk's smaller pipeline (shared memory)
     B, L, HV, HK = 2, 100, 4, 2
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, dk, dv, seed=L)
     pool = torch.randn(3, HV, dk, dv, device=DEV)
