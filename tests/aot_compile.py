@@ -7,7 +7,11 @@ sees: type errors in code paths it takes differently, and launches that need mor
 then compiled for each target. Must run without TRITON_INTERPRET (tests/test_kernels_compile.py starts it so)."""
 import contextlib
 import itertools
+import os
+import re
+import subprocess
 import sys
+import tempfile
 
 import torch
 import triton
@@ -138,6 +142,23 @@ def launches():
     yield "sampler + rejection"
 
 
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def resources(cubin: bytes) -> str:
+    """Registers per thread and stack frame (spills, local arrays) of a compiled kernel, read back by the cuobjdump
+    that ships with Triton: register counts decide how many CTAs fit an SM, so a change shows here without a GPU."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        except OSError:
+            out = ""
+    found = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    return f"regs {found[1]:>3} stack {found[2]:>4}" if found else "regs   ? stack    ?"
+
+
 def signature(fn, args, kwargs):
     """(signature, constexprs, attrs) as the JIT would specialise this launch: integers equal to 1 become constants,
     pointers (16-byte aligned, as torch allocates) and integers divisible by 16 carry tt.divisibility 16, which
@@ -203,12 +224,12 @@ def main():
                                                                                   attrs=attrs)
                         compiled = triton.compile(source,
                                                   target=GPUTarget("cuda", arch, 32), options=options)
-                        shared = compiled.metadata.shared
+                        shared, usage = compiled.metadata.shared, resources(compiled.asm["cubin"])
                         status = "ok" if shared <= target["smem"] else f"needs {shared} B shared memory"
                     except Exception as e:
                         status = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                        shared = -1
-                    print(f"sm_{arch}  {label:38s} {fn.__name__:28s} shared {shared:>7}  {status}", flush=True)
+                        shared, usage = -1, ""
+                    print(f"sm_{arch}  {label:38s} {fn.__name__:28s} shared {shared:>7}  {usage}  {status}", flush=True)
                     if status != "ok":
                         failures.append((arch, fn.__name__, status))
                 recorded.clear()
