@@ -33,7 +33,11 @@ time. More warps per SM by smaller tiles was slower (us at B1 16k / B1 64k / B8 
 16-row tiles (two programs per kv head and segment, half the accumulator, 128-183 registers) with 32 / 64-key
 tiles at 33-66 segments 21.3-40 / 57-136 / 108-181; 32-key tiles capped at 168 registers (3 CTAs per SM) at 64-99
 segments 25.9-28.8 / 63-86 / 117-127; 8 warps with 64 / 128-key tiles 19.7-28 / 54-78; 128 segments 29.6 / 60.6.
-Only 1.5k gained (16-row tiles of 64 keys: 8.3 against 10.5 us), where its target is met already."""
+Only 1.5k gained (16-row tiles of 64 keys: 8.3 against 10.5 us), where its target is met already. The SASS
+says why the stream is long: Triton puts the 4 warps along the keys (warpsPerCTA [1, 4]), so every tile's row max,
+row sum and the hand-over of P to the PV mma cross warps through shared memory — 8 CTA barriers in the ~1,130
+instructions of a tile's loop. Warps along the rows instead (each owning whole rows: reductions in-warp, P passed
+in registers, as FlashAttention-2) needs explicit layouts (Gluon); Triton cannot be asked for them."""
 import functools
 import math
 
