@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu
-from kernels.gdn_common import dk_fastest, gdn_gates
+from kernels.gdn_common import dk_fastest, gdn_gates, state_tile
 from kernels.gdn_recurrent import l2norm
 
 
@@ -145,10 +145,7 @@ def _chunk_state_kernel(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_pt
     rows = tl.arange(0, CH)[:, None]
     cols = tl.arange(0, CH)[None, :]
 
-    if DK_FASTEST:                                      # the state stored as [slots, Hv, DV, DK]
-        tile = h * DK * DV + offs_k[:, None] + offs_v[None, :] * DK
-    else:
-        tile = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    tile = state_tile(h, offs_k, offs_v, DK, DV, DK_FASTEST)
     first = tl.load(init_ptr + bi)
     S = tl.load(state_ptr + first.to(tl.int64) * (HV * DK * DV) + tile, mask=first >= 0, other=0.0)
     S = S.to(tl.float32)

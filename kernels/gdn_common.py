@@ -1,6 +1,7 @@
-"""Scalar Triton helpers of the Gated DeltaNet verify update, shared by its Triton kernel (kernels/gdn_recurrent.py)
-and its Gluon kernel (kernels/gdn_recurrent_gluon.py calls slot_row as it is: it uses no layouts; its own gates
-fold the decay's exp in and differ in the last bits, so it keeps them).
+"""Triton helpers of the Gated DeltaNet kernels, shared by the verify update's Triton kernel (kernels/gdn_recurrent.py)
+and Gluon kernel (kernels/gdn_recurrent_gluon.py calls slot_row and state_tile as they are: they set no layouts;
+its own gates fold the decay's exp in and differ in the last bits, so it keeps them) and the chunked prefill
+(kernels/gdn_chunked.py); plus the state pool's layout (state_pool, dk_fastest).
 References: kernels/gdn_recurrent.gates_reference and gdn_verify_reference."""
 import torch
 import triton
@@ -25,6 +26,18 @@ def dk_fastest(state: torch.Tensor, hv: int, dk: int, dv: int) -> bool:
     assert state.transpose(-1, -2).is_contiguous(), \
         f"state: strides {state.stride()}; expected contiguous, or the dk-fastest view of state_pool"
     return True
+
+
+@triton.jit
+def state_tile(h, offs_k, offs_v, DK: tl.constexpr, DV: tl.constexpr, DK_FASTEST: tl.constexpr):
+    """Offsets [len(offs_k), len(offs_v)] of head h's state rows offs_k (dk) and columns offs_v (dv) within one slot
+    of a pool [slots, Hv, dk, dv]: dv fastest, or dk fastest (stored [slots, Hv, dv, dk]: state_pool). The strides
+    are constants (see dk_fastest); the layouts of offs_k and offs_v carry over (Triton and Gluon kernels alike)."""
+    if DK_FASTEST:
+        tile = h * DK * DV + offs_k[:, None] + offs_v[None, :] * DK
+    else:
+        tile = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    return tile
 
 
 @triton.jit

@@ -33,7 +33,7 @@ import triton.language as tl
 from kernels import device as gpu, fixed_sum
 from kernels import gdn_recurrent_gluon as gdn_gluon
 from kernels.device import pdl_wait
-from kernels.gdn_common import dk_fastest, gdn_gates, slot_row
+from kernels.gdn_common import dk_fastest, gdn_gates, slot_row, state_tile
 
 L2NORM_EPS = 1e-6
 
@@ -119,10 +119,7 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
     kh = h // KV_GROUP
     offs_k = tl.arange(0, DK)
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
-    if DK_FASTEST:                                      # the state's strides as constants: kernels/gdn_common.py
-        tile = h * DK * DV + offs_k[:, None] + offs_v[None, :] * DK
-    else:
-        tile = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    tile = state_tile(h, offs_k, offs_v, DK, DV, DK_FASTEST)
     A_log = tl.load(A_log_ptr + h).to(tl.float32)      # weights: read while the previous kernel finishes
     dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
     pdl_wait(PDL)

@@ -34,7 +34,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from kernels import device as gpu, fixed_sum
-from kernels.gdn_common import slot_row
+from kernels.gdn_common import slot_row, state_tile
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 
 
@@ -128,10 +128,7 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
     COLS: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
     offs_k = gl.arange(0, DK, layout=ROWS)
     offs_v = gl.program_id(2) * BV + gl.arange(0, BV, layout=COLS)
-    if DK_FASTEST:                                      # the state's strides as constants: kernels/gdn_common.py
-        tile = h * DK * DV + gl.expand_dims(offs_k, 1) + gl.expand_dims(offs_v, 0) * DK
-    else:
-        tile = h * DK * DV + gl.expand_dims(offs_k, 1) * DV + gl.expand_dims(offs_v, 0)
+    tile = state_tile(h, offs_k, offs_v, DK, DV, DK_FASTEST)
     A_log = gl.load(A_log_ptr + h).to(gl.float32)      # weights: read while the previous kernel finishes
     dt_bias = gl.load(dt_bias_ptr + h).to(gl.float32)
     if PDL:
