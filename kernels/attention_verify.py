@@ -37,7 +37,18 @@ Only 1.5k gained (16-row tiles of 64 keys: 8.3 against 10.5 us), where its targe
 says why the stream is long: Triton puts the 4 warps along the keys (warpsPerCTA [1, 4]), so every tile's row max,
 row sum and the hand-over of P to the PV mma cross warps through shared memory — 8 CTA barriers in the ~1,130
 instructions of a tile's loop. Warps along the rows instead (each owning whole rows: reductions in-warp, P passed
-in registers, as FlashAttention-2) needs explicit layouts (Gluon); Triton cannot be asked for them."""
+in registers, as FlashAttention-2) needs explicit layouts (Gluon); Triton cannot be asked for them.
+Tried in Gluon and not kept (session 16, H200, same harness, us against this kernel): (1) warps along the rows on
+mma.sync m16n8k32 e4m3 — sm_90 has no e4m3 mma.sync: ptxas emulates it (F2FP conversions + HMMA.16816), its loop
+was 1,690 instructions a warp and tile against ~1,130 here, not run. (2) FlashAttention-3's shape: one warpgroup
+with the rows on the wgmma's M (padded to 64), e4m3 QGMMA straight from the cp.async ring (K as stored, V
+keys-fastest), q and p as e4m3 hi + lo, P handed to the PV wgmma in registers (K's rows stored in the A
+fragment's key order), one warp per 16 rows: 748 instructions a warp and tile, 2 CTAs per SM; B1 1.5k / 16k /
+64k 15.9 / 23.0 / 51.9 against 10.6 / 19.9 / 50.6, B8 16k 90.7 against 91.8, B64 1.5k 70.4 against 74.5; without
+the lo halves' mma (half the tensor work) 15.0 / 21.9 / 51.1 — not tensor-bound; alone (nseg 1) a program took
+1.29 us a tile with two ring stages, and three stages (1 CTA per SM) were slower. Its outputs were still wrong
+(A operand from registers) when dropped. Both leave the combine's ~3.5 us: 70% at B1 16k (11.2 us) would need the
+attend at the bandwidth roofline as well."""
 import functools
 import math
 
@@ -207,6 +218,15 @@ def choose_nseg(batch: int, num_kv_heads: int, num_sms: int, nseg_max: int = 64)
     return max(1, min(nseg_max, 2 * num_sms // (batch * num_kv_heads)))
 
 
+def combine_block_d(batch: int, num_q_heads: int, head_dim: int) -> int:
+    """The combine's slice of the head dim per program. By batch and heads, never by q_len: a decode step and a
+    verify step of one bucket then reduce the segments in the same order (bitwise the same rows). H200, the combine
+    alone at 64 segments (B1) / 8 (B8), 5 tokens, D 256, us for slices of 32 / 64 / 128 / 256: B1 3.35 / 2.94 /
+    3.46 / 3.18, B8 10.45 / 5.58 / 3.27 / 2.98 (fewer, longer programs once a quarter of a head per program makes
+    thousands of them)."""
+    return min(head_dim, 64) if batch * num_q_heads <= 96 else head_dim
+
+
 @functools.lru_cache(maxsize=None)
 def default_launch(block_m: int, capability: tuple) -> tuple:
     """(BLOCK_N, num_warps, num_stages) at D 256 for a row tile of block_m. sm_90: the fastest of the H200 sweep
@@ -262,7 +282,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, GATED=gated, DOT_FP32=gpu.INTERPRET,
         num_warps=num_warps, num_stages=num_stages, **pdl)
     if split:
-        block_d = min(D, 64)
+        block_d = combine_block_d(B, hq, D)
         _combine_kernel[(B, q_len * hq, D // block_d)](
             partials, cache_rows, kv_lens, out, g, nseg, hq, *s_part, *out.stride()[:3], *s_gate,
             D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d, GATED=gated, **pdl)

@@ -7,7 +7,7 @@ import torch
 
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, attention_ref, choose_nseg,
-                                      verify_attention)
+                                      combine_block_d, verify_attention)
 from kernels.fp8 import decode_e4m3, decode_e4m3_ref, encode_e4m3, encode_e4m3_ref
 from kernels.kv_write import kv_cache, kv_scales_from, write_kv, write_kv_ref
 from tests.fixtures import rel_err
@@ -266,6 +266,25 @@ def test_verify_output_gate_27b(nseg):
     out = torch.full_like(q, float("nan"))
     verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(3, 24, 8, 16, 256, DEV), nseg, gate=gate)
     assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens) * gate.float()) < 1e-2
+
+
+@pytest.mark.gpu
+def test_verify_wide_batch_27b():
+    """8 sequences × 24 heads: the combine takes whole heads per program (combine_block_d); against the reference,
+    and each token decoded alone bitwise equal to its row of the verify."""
+    lens = [16384, 1536, 5, 777, 64, 65, 3000, 129]
+    q, kc, vc, ks, vs, rows, kv_lens = setup(8, 5, 24, 4, 256, lens, True, vt=True)
+    assert combine_block_d(8, 24, 256) == 256 and combine_block_d(4, 24, 256) == 64
+    part = alloc_partials(8, 24, 8, 8, 256, DEV).fill_(float("nan"))
+    verify = torch.full_like(q, float("nan"), dtype=torch.float32)
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, verify, part, 8)
+    ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
+    assert rel_err(verify, ref) < 1e-2 and max_rel(verify, ref) < 3e-2
+    for i in range(5):
+        alone = torch.empty_like(verify[:, i:i + 1])
+        verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, kv_lens - 4 + i, alone, part, 8,
+                         block_m=32)
+        assert torch.equal(alone[:, 0], verify[:, i])
 
 
 PREFILL_CONFIGS = [(64, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2)]  # BLOCK_M, N, warps, stages
