@@ -20,6 +20,15 @@ per warp, so L2 takes 4-8x the written sectors (ncu: 46 and 95 MB for 8 MB of st
 16 columns a warp, i.e. 64 / warps-along-dk elements a thread); 4-8 warps along dk (16-32 columns; one exchange
 between the warps per token) 6.9-10.9 us; the slot row and the state tile read before the wait for the
 previous kernel (they come from an earlier step, so they could be): 5.77 / 3.47 against 5.73 / 2.75 us.
+Session 16, the two reductions on a tensor core (not kept): a warp per 8 columns, u and w of each token one m16n8k16
+product per 16 dk of [k; q; 0 …] (16-bit k, q times powers of 2 that keep them exact in fp16) and the fp16 state
+as stored (exact: every token starts from it), the state's dk order permuted so a thread's B fragment is 32
+contiguous dk (16-byte loads and stores, no register moves); correct and bitwise width-invariant (the GPU tests
+passed), but H200, T 5 / T 1, fp16 dk fastest: B 1 7.55 / 2.56 against 4.80 / 2.03 us, B 8 39.7 / 10.6 against
+25.2 / 6.1, B 64 299 / 65.9 against 206 / 59.9 (2 / 4 warps a CTA slower still). Its SASS: 2,984 instructions a
+thread for 5 tokens (a warp, 8 columns) against 2,648 here (two warps, 16 columns): the rank-1 update (fp16 -> fp32,
+multiply, fma, pack: 4.5 instructions an element) and building the A operands stay on the CUDA cores and outweigh
+the reductions moved to the tensor core.
 State layout: the engine stores the state dk fastest (kernels/gdn_common.state_pool), where the S layout runs its
 registers and lanes along dk (each thread stores 16 contiguous bytes of a row), and one launch, (16, 2, 8, dk), is
 the fastest or within noise of it at every width (H200, T 5, fp16, two sweeps, us against the dv-fastest layout's
