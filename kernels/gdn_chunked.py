@@ -185,7 +185,15 @@ def prefill_workspace(B, L, HV, DK, DV, device, chunk=64):
             torch.empty(B * HV * n, chunk, chunk, device=device))
 
 
-def chunk_prepare(k, v, a, b, A_log, dt_bias, workspace, chunk=64, num_warps=4):
+def default_launch(capability: tuple) -> tuple:
+    """((prepare warps, state warps), state kernel's V tile) at dk = dv = 128. sm_90: the H200 sweep's best
+    (kernels-gdn-sweep-h200.md). Below sm_90 (untimed: no such GPU here) the launch that spills least
+    (tests/aot_compile.py, sm_86, bf16 inputs): the prepare kernel at 8 warps 648 bytes of stack against 1,360 at
+    4, the state walk on 32-column tiles at 8 warps 8 bytes against 592 on 64 at 4 (90 KB of shared memory)."""
+    return ((4, 4), 64) if capability >= (9, 0) else ((8, 8), 32)
+
+
+def chunk_prepare(k, v, a, b, A_log, dt_bias, workspace, chunk=64, num_warps=None):
     """First pass of gdn_prefill: W and U of every (chunk, head) into the workspace."""
     B, L, HK, DK = k.shape
     HV, DV = v.shape[2], v.shape[3]
@@ -198,16 +206,17 @@ def chunk_prepare(k, v, a, b, A_log, dt_bias, workspace, chunk=64, num_warps=4):
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, KP=max(DK, 64), VP=max(DV, 64), CH=chunk,
         LOG2_NB=(chunk // 16).bit_length() - 1,
-        num_warps=num_warps)
+        num_warps=num_warps or default_launch(gpu.capability(k.device))[0][0])
 
 
 def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, o, workspace, chunk=64,
-                 block_v=None, num_warps=4):
+                 block_v=None, num_warps=None):
     """Second pass of gdn_prefill: the state walk over the chunks, writing o and the final state."""
     B, L, HK, DK = q.shape
     HV, DV = o.shape[2], o.shape[3]
     w, u, _ = workspace
-    bv = block_v or min(64, DV)        # the H200 sweep's best with 4 + 4 warps (kernels-gdn-sweep-h200.md)
+    (_, dflt_warps), dflt_bv = default_launch(gpu.capability(q.device))
+    bv, num_warps = block_v or min(dflt_bv, DV), num_warps or dflt_warps
     # the pipelined chunk loop needs 188 KB of shared memory at 3 stages (sm_90: 227 KB); sm_8x has 99 KB, where
     # 2 stages take 98 KB (tests/aot_compile.py); fp32 inputs take a stage less (dk 128: 164 / 131 KB at 2)
     stages = (3 if gpu.capability(q.device) >= (9, 0) else 2) - (q.element_size() > 2)
@@ -221,9 +230,10 @@ def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, 
 
 
 def gdn_prefill(q, k, v, a, b, A_log, dt_bias, state, initial_slots, final_slots, out=None, workspace=None,
-                chunk=64, block_v=None, num_warps=(4, 4)):
+                chunk=64, block_v=None, num_warps=(None, None)):
     """Gated DeltaNet over L prompt tokens per sequence from slot `initial_slots`, final state into
-    `final_slots` (module docstring). Returns o [B, L, Hv, dv]. num_warps = (prepare kernel, state kernel)."""
+    `final_slots` (module docstring). Returns o [B, L, Hv, dv]. num_warps = (prepare kernel, state kernel);
+    None: default_launch."""
     B, L, HK, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     assert k.shape == q.shape and v.shape[:2] == (B, L) and a.shape == b.shape == (B, L, HV)

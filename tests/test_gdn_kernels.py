@@ -7,7 +7,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta
 
 from bench.kernels_gdn import GLUON_SWEEP, VERIFY_SWEEP
 from kernels.conv1d import causal_conv1d, causal_conv1d_reference
-from kernels.gdn_chunked import chunked_reference, gdn_prefill
+from kernels.gdn_chunked import chunked_reference, default_launch, gdn_prefill
 from kernels.gdn_common import state_pool
 from kernels.gdn_recurrent import (gates_reference, gdn_verify, gdn_verify_reference, prepare_qk_reference,
                                    recurrent_reference)
@@ -283,13 +283,16 @@ def test_gpu_verify_width_invariant_27b(B, dk_fastest):
 
 
 @pytest.mark.gpu
-def test_gpu_prefill_27b():
+@pytest.mark.parametrize("capability", [(9, 0), (8, 6)])
+def test_gpu_prefill_27b(capability):
+    """The launch of each architecture (gdn_chunked.default_launch: sm_86's run here on the H200)."""
     B, L, HV, HK, D = 1, 300, 48, 16, 128
+    num_warps, block_v = default_launch(capability)
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, D, D, torch.bfloat16)
     pool = in_layout(0.1 * torch.randn(2, HV, D, D, device=DEV), dk_fastest=True)
     ref_o, ref_s = seq_reference(q, k, v, a, b, A_log, dt_bias, pool[:1].clone())
     slot = torch.zeros(1, dtype=torch.int32, device=DEV)
-    o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, slot, slot + 1)
+    o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, slot, slot + 1, num_warps=num_warps, block_v=block_v)
     # tf32 dots along the state chain; bf16 output
     assert rel_err(o, ref_o) < 1e-2 and rel_err(pool[1], ref_s[0]) < 1e-2
 
