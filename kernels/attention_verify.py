@@ -47,7 +47,7 @@ fragment's key order), one warp per 16 rows: 748 instructions a warp and tile, 2
 64k 15.9 / 23.0 / 51.9 against 10.6 / 19.9 / 50.6, B8 16k 90.7 against 91.8, B64 1.5k 70.4 against 74.5; without
 the lo halves' mma (half the tensor work) 15.0 / 21.9 / 51.1 — not tensor-bound; alone (nseg 1) a program took
 1.29 us a tile with two ring stages, and three stages (1 CTA per SM) were slower. Its outputs were still wrong
-(A operand from registers) when dropped. Both leave the combine's ~3.5 us: 70% at B1 16k (11.2 us) would need the
+when dropped (cause not found). Both leave the combine's ~3.5 us: 70% at B1 16k (11.2 us) would need the
 attend at the bandwidth roofline as well."""
 import functools
 import math

@@ -218,7 +218,8 @@ def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, 
     (_, dflt_warps), dflt_bv = default_launch(gpu.capability(q.device))
     bv, num_warps = block_v or min(dflt_bv, DV), num_warps or dflt_warps
     # the pipelined chunk loop needs 188 KB of shared memory at 3 stages (sm_90: 227 KB); sm_8x has 99 KB, where
-    # 2 stages take 98 KB (tests/aot_compile.py); fp32 inputs take a stage less (dk 128: 164 / 131 KB at 2)
+    # 2 stages take 90 KB on 32 columns, 98 on 64 (tests/aot_compile.py); fp32 inputs take a stage less (dk 128:
+    # 164 / 131 KB at 2)
     stages = (3 if gpu.capability(q.device) >= (9, 0) else 2) - (q.element_size() > 2)
     assert DV % bv == 0
     _chunk_state_kernel[(B * HV, DV // bv)](
