@@ -221,10 +221,10 @@ def choose_nseg(batch: int, num_kv_heads: int, num_sms: int, nseg_max: int = 64)
 def combine_block_d(batch: int, num_q_heads: int, head_dim: int) -> int:
     """The combine's slice of the head dim per program. By batch and heads, never by q_len: a decode step and a
     verify step of one bucket then reduce the segments in the same order (bitwise the same rows). H200, the combine
-    alone at 64 segments (B1) / 8 (B8), 5 tokens, D 256, us for slices of 32 / 64 / 128 / 256: B1 3.35 / 2.94 /
-    3.46 / 3.18, B8 10.45 / 5.58 / 3.27 / 2.98 (fewer, longer programs once a quarter of a head per program makes
-    thousands of them)."""
-    return min(head_dim, 64) if batch * num_q_heads <= 96 else head_dim
+    alone (choose_nseg's segments, 5 tokens, 24 heads of 256), us for slices of 64 / 128 / 256: B1 3.05 / 3.46 /
+    3.20, B2 4.86 / 4.76 / 3.70, B4 3.53 / 3.13 / 2.50, B8 5.63 / 3.33 / 2.95, B16 10.3 / 5.64 / 3.18, B32 19.6 /
+    10.4 / 5.64: whole heads per program once that still makes a few hundred programs."""
+    return min(head_dim, 64) if batch * num_q_heads < 48 else head_dim
 
 
 @functools.lru_cache(maxsize=None)

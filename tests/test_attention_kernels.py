@@ -269,20 +269,21 @@ def test_verify_output_gate_27b(nseg):
 
 
 @pytest.mark.gpu
-def test_verify_wide_batch_27b():
-    """8 sequences × 24 heads: the combine takes whole heads per program (combine_block_d); against the reference,
-    and each token decoded alone bitwise equal to its row of the verify."""
-    lens = [16384, 1536, 5, 777, 64, 65, 3000, 129]
-    q, kc, vc, ks, vs, rows, kv_lens = setup(8, 5, 24, 4, 256, lens, True, vt=True)
-    assert combine_block_d(8, 24, 256) == 256 and combine_block_d(4, 24, 256) == 64
-    part = alloc_partials(8, 24, 8, 8, 256, DEV).fill_(float("nan"))
+@pytest.mark.parametrize("B,nseg", [(1, 64), (8, 8)])
+def test_verify_batch_buckets_27b(B, nseg):
+    """One sequence (the combine on quarter heads) and 8 (whole heads, combine_block_d) × 24 heads: against the
+    reference, and each token decoded alone bitwise equal to its row of the verify."""
+    lens = [16384, 1536, 5, 777, 64, 65, 3000, 129][:B]
+    q, kc, vc, ks, vs, rows, kv_lens = setup(B, 5, 24, 4, 256, lens, True, vt=True)
+    assert combine_block_d(B, 24, 256) == (64 if B == 1 else 256)
+    part = alloc_partials(B, 24, 8, nseg, 256, DEV).fill_(float("nan"))
     verify = torch.full_like(q, float("nan"), dtype=torch.float32)
-    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, verify, part, 8)
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, verify, part, nseg)
     ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
     assert rel_err(verify, ref) < 1e-2 and max_rel(verify, ref) < 3e-2
     for i in range(5):
         alone = torch.empty_like(verify[:, i:i + 1])
-        verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, kv_lens - 4 + i, alone, part, 8,
+        verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, kv_lens - 4 + i, alone, part, nseg,
                          block_m=32)
         assert torch.equal(alone[:, 0], verify[:, i])
 
