@@ -48,7 +48,12 @@ fragment's key order), one warp per 16 rows: 748 instructions a warp and tile, 2
 the lo halves' mma (half the tensor work) 15.0 / 21.9 / 51.1 — not tensor-bound; alone (nseg 1) a program took
 1.29 us a tile with two ring stages, and three stages (1 CTA per SM) were slower. Its outputs were still wrong
 when dropped (cause not found). Both leave the combine's ~3.5 us: 70% at B1 16k (11.2 us) would need the
-attend at the bandwidth roofline as well."""
+attend at the bandwidth roofline as well. Seen in this kernel's SASS (sm_90, fp8 native, the B1 verify launch):
+~290 of the ~1,130 instructions of a tile's loop are register moves (IMAD.MOV) — ptxas keeps q's A fragments (loop
+invariant, 32 registers) unaligned and copies 4 registers into an aligned quad before each of the 64 QK mma;
+feeding the dot a zero accumulator from registers (the causal mask as its input) or reloading q inside the loop
+did not change that (1,113 / 1,461 instructions). A kernel holding q in shared memory (ldmatrix per k step, as
+Gluon allows) would drop them."""
 import functools
 import math
 
