@@ -64,6 +64,7 @@ import triton.language as tl
 from kernels import device as gpu
 from kernels.device import pdl_wait
 from kernels.fp8 import E4M3_BITS_UNIT, decode_e4m3_ref, e4m3_decode
+from kernels.kv_write import cache_args
 
 KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE = 0, 1, 2
 _NEG = tl.constexpr(-1.0e30)  # "no key seen yet": finite, so fully masked rows give 2^(-inf - NEG) = 0, never NaN
@@ -257,12 +258,8 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     hkv = k_cache.shape[1]
     G = hq // hkv
     assert hq == G * hkv and D == triton.next_power_of_2(D) and q.stride(-1) == 1 and out.stride(-1) == 1
-    assert k_cache.stride(-1) == 1 and k_cache.shape[-1] == D and v_cache.shape == k_cache.shape
     fmt = kv_format(k_cache) if kv_fmt is None else kv_fmt
-    if fmt != KV_BF16:
-        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    else:
-        k_scale = v_scale = cache_rows  # unused pointer arguments
+    cache, cache_strides, _ = cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, hkv, D)
     rows = q_len * G
     block_m = block_m or max(16, triton.next_power_of_2(rows))
     dflt_n, dflt_warps, dflt_stages = default_launch(block_m, gpu.capability(q.device))
@@ -281,9 +278,9 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         assert gate.shape == q.shape and gate.stride(-1) == 1, "gate: [B, q_len, Hq, D], last dim contiguous"
     g, s_gate = (gate, gate.stride()[:3]) if gated else (out, (0, 0, 0))
     _attend_kernel[(B * n_tiles, hkv, nseg)](
-        q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part, g,
+        q, *cache, out, part, g,
         q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D), k_cache.shape[2],
-        *q.stride()[:3], *out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride(), *s_part, *s_gate,
+        *q.stride()[:3], *out.stride()[:3], *cache_strides, *s_part, *s_gate,
         G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, GATED=gated, DOT_FP32=gpu.INTERPRET,
         num_warps=num_warps, num_stages=num_stages, **pdl)
     if split:

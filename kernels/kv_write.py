@@ -65,9 +65,10 @@ def kv_cache(num_slots: int, num_kv_heads: int, max_len: int, head_dim: int, dty
 
 
 def cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, hkv: int, head_dim: int):
-    """The pointer arguments store_token takes after the row and head, checked: (k cache, v cache, k scale, v scale,
-    cache rows, kv lens) with e4m3 caches as uint8 and the scales' pointers as placeholders for bf16 caches; the
-    cache strides (k [3], v [4]); and whether the caches are fp8."""
+    """The cache arguments of the kernels that write or read the caches (store_token after the row and head, the
+    attention kernels of kernels/attention_verify.py after q), checked: (k cache, v cache, k scale, v scale, cache
+    rows, kv lens) with e4m3 caches as uint8 and the scales' pointers as placeholders for bf16 caches; the cache
+    strides (k [3], v [4]); and whether the caches are fp8."""
     assert v_cache.shape == k_cache.shape and k_cache.stride(-1) == 1, "caches: same shape, K head dim contiguous"
     assert k_cache.shape[1] == hkv and k_cache.shape[3] == head_dim, f"caches: shape {tuple(k_cache.shape)}"
     fp8 = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)
