@@ -41,13 +41,16 @@ def timed_row(name, shape, fn, nbytes, flops, peak, out, **kw):
 
 
 # (proj_dot, block_v, num_warps, gluon, gluon_launch); tests/test_gdn_kernels.py checks the same configurations on
-# the GPU. The Gluon kernel's launches: (BV, warps, lanes along dk, warps along v), kernels/gdn_recurrent_gluon.py
+# the GPU. The Gluon kernel's launches: (BV, warps, lanes along dk, warps along v, k and q in shared memory),
+# kernels/gdn_recurrent_gluon.py
 VERIFY_SWEEP = [(d, bv, w, False, None) for d in (False, True) for bv, w in ((16, 1), (32, 2), (64, 4))]
-GLUON_SWEEP = [(False, None, None, True, launch) for launch in
-               ((16, 2, 4, False), (32, 2, 4, False), (16, 2, 8, False), (32, 2, 8, False), (32, 4, 8, False),
-                (64, 4, 8, False), (32, 2, 16, True), (16, 1, 16, True), (64, 4, 16, True), (8, 2, 4, False),
-                (16, 2, 16, True), (8, 1, 16, True), (32, 4, 16, True), (8, 2, 32, True), (16, 4, 32, True),
-                (16, 2, 8, True), (8, 1, 8, True), (32, 4, 8, True), (16, 1, 8, True))]
+GLUON_SWEEP = [(False, None, None, True, launch + (smem,)) for smem, launches in (
+    (False, ((16, 2, 4, False), (32, 2, 4, False), (16, 2, 8, False), (32, 2, 8, False), (32, 4, 8, False),
+             (64, 4, 8, False), (32, 2, 16, True), (16, 1, 16, True), (64, 4, 16, True), (8, 2, 4, False),
+             (16, 2, 16, True), (8, 1, 16, True), (32, 4, 16, True), (8, 2, 32, True), (16, 4, 32, True),
+             (16, 2, 8, True), (8, 1, 8, True), (32, 4, 8, True), (16, 1, 8, True))),
+    (True, ((16, 2, 4, False), (16, 2, 8, False), (32, 2, 8, False), (32, 4, 4, False), (8, 1, 4, True))))
+               for launch in launches]
 
 
 @triton.jit

@@ -217,7 +217,7 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
                num_warps=None, proj_dot=False, gluon=None, gluon_launch=None):
     """Gated DeltaNet update over T = 1..8 tokens per sequence with per-position state slots (module docstring).
     Returns o [B, T, Hv, dv]; `out` may be passed (CUDA graphs). block_v / num_warps override the Triton kernel's
-    defaults, gluon_launch (BV, warps, lanes_dk, along_v) the Gluon kernel's (gdn_recurrent_gluon.pick);
+    defaults, gluon_launch (BV, warps, lanes_dk, along_v, qk_smem) the Gluon kernel's (gdn_recurrent_gluon.pick);
     proj_dot=True takes the chunk form (projections of the initial state on a tensor core: faster, not bitwise
     equal to decoding the tokens one by one). gluon: None = the launch table below, True / False = the Gluon
     kernel (kernels/gdn_recurrent_gluon.py) / the Triton kernel whatever the width."""

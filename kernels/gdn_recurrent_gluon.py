@@ -7,13 +7,14 @@ Why: the Triton kernel's narrow launch (16 columns on one warp) is one warp's se
 warps. Here a program's state tile S [DK, BV] is spread over lanes_dk x (32 / lanes_dk) lanes (dk x v) and over
 the warps, either along dk (a token's two reductions over dk: in-register FMAs, shuffles and one exchange between
 the warps) or along v (no exchange: each warp reduces its own columns). A launch is (BV, warps, lanes_dk, warps
-along v); each token's chain of dependent instructions is the cost (at B 1, 2 warps per CTA: ~500 instructions
-a token at ~3.8 cycles each, ncu), so the table trades lanes for registers per width. H200, T 5 / T 1, fp16 state
-(us, against the one layout before it: 4 lanes along dk, warps along dk): B 1 (16, 2, 8, dk) 5.85 / 2.80 against
-6.42 / 2.58; B 4 (32, 2, 8, dk) 12.6 / 4.76 against 16.3 / 4.14; B 8 27.0 / 8.23 against 39.9 / 7.35; B 16
-(64, 4, 16, v) 56.7 / 15.2 against 88.6 / 13.1, B 64 230 / 71.5 against 370 / 99.4. Decode and verify take the
-same launch (the width invariance), so T 1 gives back a little where T 5 gains; B 2 and fp32 states keep the old
-layout (there the others were no faster). Tried and not kept (session 12, T 5 / T 1 at B 1): 32 lanes along dk
+along v, qk_smem: the tokens' normalised k_t, q_t kept in shared memory and read back token by token instead of
+held in registers from the start); each token's chain of dependent instructions is the cost (at B 1, 2 warps per
+CTA: ~500 instructions a token at ~3.8 cycles each, ncu), so the table trades lanes for registers per width. H200,
+T 5 / T 1, fp16 state (us, against the one layout before it: 4 lanes along dk, warps along dk): B 1 (16, 2, 8, dk)
+5.85 / 2.80 against 6.42 / 2.58; B 4 (32, 2, 8, dk) 12.6 / 4.76 against 16.3 / 4.14; B 8 27.0 / 8.23 against 39.9 /
+7.35; B 16 (64, 4, 16, v) 56.7 / 15.2 against 88.6 / 13.1, B 64 230 / 71.5 against 370 / 99.4. Decode and verify
+take the same launch (the width invariance), so T 1 gives back a little where T 5 gains; B 2 and fp32 states keep
+the old layout (there the others were no faster). Tried and not kept (session 12, T 5 / T 1 at B 1): 32 lanes along dk
 with 4-16 columns per program (4-8 state elements a thread, up to 46 warps per SM): 19-60 us, and 8-16 columns
 on 16 lanes along dk 20-32 us: their stores cover 4-8 bytes of a row per thread and less than a 32-byte sector
 per warp, so L2 takes 4-8x the written sectors (ncu: 46 and 95 MB for 8 MB of states; full-sector stores need
@@ -30,13 +31,21 @@ thread for 5 tokens (a warp, 8 columns) against 2,648 here (two warps, 16 column
 multiply, fma, pack: 4.5 instructions an element) and building the A operands stay on the CUDA cores and outweigh
 the reductions moved to the tensor core.
 State layout: the engine stores the state dk fastest (kernels/gdn_common.state_pool), where the S layout runs its
-registers and lanes along dk (each thread stores 16 contiguous bytes of a row), and one launch, (16, 2, 8, dk), is
-the fastest or within noise of it at every width (H200, T 5, fp16, two sweeps, us against the dv-fastest layout's
-table: B 1 4.9-5.4 against 5.7-5.8, B 2 6.9-8.1 against 8.4-8.8, B 4 12.2 against 12.4-16.1, B 8 25.6-27.5
-against 27.1, B 16 51.5 against 57.2, B 64 214 against 231): decode and verify then take the same launch whatever
-the batch bucket. An fp32 state dk fastest takes (8, 2, 32, v): B 1 / 8 6.5-7.1 / 44.6-45.3 against 6.7-7.1 /
-50.1-50.2. Small tiles (4-8 columns, 32 lanes along dk) no longer split sectors there, yet are no faster (B 1:
-6.2-10.2 us): the per-token chain, not the stores, bounds them.
+registers and lanes along dk (each thread stores 16 contiguous bytes of a row), and (16, 2, 8, dk) is the fastest
+or within noise of it at every width (H200, T 5, fp16, two sweeps, us against the dv-fastest layout's table: B 1
+4.9-5.4 against 5.7-5.8, B 2 6.9-8.1 against 8.4-8.8, B 4 12.2 against 12.4-16.1, B 8 25.6-27.5 against 27.1, B 16
+51.5 against 57.2, B 64 214 against 231). With k_t, q_t in shared memory (session 17: 102 registers instead of
+150, no spills) it is faster from 16 sequences on, and (32, 2, 8, dk) so at 3-4 (H200, three sweeps, T 5 / T 1,
+us against the registers' (16, 2, 8, dk)): B 3 9.5-9.7 / 3.8 against 10.9-11.0 / 3.9, B 4 10.6-10.7 / 4.5-4.7
+against 12.0-12.2 / 4.3-4.4, B 16 48.6-49.1 / 11.8-12.0 against 49.8-50.3 / 10.6-10.7, B 32 94.9-95.8 / 27-28
+against 102-103 / 29.4-29.7, B 64 187-188 / 54-55 against 205-206 / 59.5-60; slower at B 1 / 2 / 8 (4.81 / 7.95 /
+27.0 against 4.85 / 6.51 / 25.0). The table takes each width's fastest at T 5; decode and verify take the same
+launch at a width (the invariance). An fp32 state dk fastest takes (8, 2, 32, v): B 1 / 8 6.5-7.1 / 44.6-45.3
+against 6.7-7.1 / 50.1-50.2. Small tiles (4-8 columns, 32 lanes along dk) no longer split sectors there, yet are
+no faster (B 1: 6.2-10.2 us): the per-token chain, not the stores, bounds them; nor are fewer lanes along dk with
+the warps along v and k_t, q_t in shared memory (one column a thread, 32-64 dk rows: no exchange, one or two
+shuffles a reduction): (8, 1, 4, v) 8.35 / 3.30 us at B 1, (16, 1, 2, v) 10.6 / 3.6 — the in-thread sums over 32-64
+rows are the longer chain.
 Shapes and slots: as kernels/gdn_recurrent.gdn_verify (its docstring)."""
 import triton
 from triton.experimental import gluon
@@ -48,9 +57,9 @@ from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 
 
 def fits(dk: int, dv: int, cfg: tuple) -> bool:
-    """The layouts below tile this head shape with cfg = (BV, warps, lanes_dk, along_v): dk a power of 2 with at
-    least one row per lane and warp along it, a whole number of columns per lane and warp along v."""
-    bv, warps, lanes_dk, along_v = cfg
+    """The layouts below tile this head shape with cfg = (BV, warps, lanes_dk, along_v, qk_smem): dk a power of 2 with
+    at least one row per lane and warp along it, a whole number of columns per lane and warp along v."""
+    bv, warps, lanes_dk, along_v = cfg[:4]
     rows, cols = lanes_dk * (1 if along_v else warps), (32 // lanes_dk) * (warps if along_v else 1)
     return dk & (dk - 1) == 0 and dk >= max(32, rows) and bv % cols == 0 and dv % bv == 0
 
@@ -61,7 +70,7 @@ def layouts(dk: int, cfg: tuple, dk_fastest: bool):
     their reductions then stay inside a warp; with the warps along dk, the layout in which every thread reads back
     the warps' partial sums [warps, BV, 2] of its columns: all of them in registers, replicated along dk)."""
     assert fits(dk, cfg[0], cfg), (dk, cfg)
-    bv, warps, lanes_dk, along_v = cfg
+    bv, warps, lanes_dk, along_v = cfg[:4]
     wd, wv = (1, warps) if along_v else (warps, 1)
     lanes_v = 32 // lanes_dk
     s = gl.BlockedLayout(size_per_thread=[dk // (lanes_dk * wd), bv // (lanes_v * wv)],
@@ -82,13 +91,14 @@ def layouts(dk: int, cfg: tuple, dk_fastest: bool):
     return s, vec, xchg
 
 
-# Launch (BV, warps, lanes_dk, along_v) by the 32-column tiles per SM (at most; None: beyond) on an fp16 state
-# stored dv fastest; dk fastest (kernels/gdn_common.state_pool) takes one launch at every width; an fp32 state takes
-# FP32_LAUNCH. H200 sweeps: the module docstring.
-FP16_LAUNCHES = {False: ((1.5, (16, 2, 8, False)), (3, (32, 2, 4, False)), (12, (32, 2, 8, False)),
-                         (None, (64, 4, 16, True))),
-                 True: ((None, (16, 2, 8, False)),)}
-FP32_LAUNCH = {False: (32, 2, 4, False), True: (8, 2, 32, True)}
+# Launch (BV, warps, lanes_dk, along_v, qk_smem) by the 32-column tiles per SM (at most; None: beyond) on an fp16
+# state, by its layout (dk fastest: kernels/gdn_common.state_pool); an fp32 state takes FP32_LAUNCH. H200 sweeps:
+# the module docstring.
+FP16_LAUNCHES = {False: ((1.5, (16, 2, 8, False, False)), (3, (32, 2, 4, False, False)),
+                         (12, (32, 2, 8, False, False)), (None, (64, 4, 16, True, False))),
+                 True: ((3, (16, 2, 8, False, False)), (6, (32, 2, 8, False, True)), (12, (16, 2, 8, False, False)),
+                        (None, (16, 2, 8, False, True)))}
+FP32_LAUNCH = {False: (32, 2, 4, False, False), True: (8, 2, 32, True, False)}
 
 
 def pick(B: int, HV: int, DV: int, fp16: bool, sms: int, dk_fastest: bool) -> tuple:
@@ -126,7 +136,7 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
                              T: gl.constexpr, HV: gl.constexpr, KV_GROUP: gl.constexpr, DK: gl.constexpr,
                              DV: gl.constexpr, BV: gl.constexpr, DK_FASTEST: gl.constexpr, S_LAYOUT: gl.constexpr,
                              VEC: gl.constexpr, XCHG: gl.constexpr, WD: gl.constexpr, SLOTS: gl.constexpr,
-                             PDL: gl.constexpr):
+                             QK_SMEM: gl.constexpr, PDL: gl.constexpr):
     # q, k [B, T, Hk, DK]; v, o [B, T, Hv, DV]; a, b [B, T, Hv]; state [slots, Hv, DK, DV] (DK_FASTEST: stored as
     # [slots, Hv, DV, DK]); slots [B, T].
     # Grid (B, Hv, DV / BV); S [DK, BV] fp32 in S_LAYOUT; the token loop is unrolled, per-token values are tuples.
@@ -155,7 +165,8 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
         q_row = q_ptr + bi * sq_b + t * sq_t + kh * sq_h
         k_row = k_ptr + bi * sk_b + t * sk_t + kh * sk_h
         qf, kf = qf + (gl.load(q_row + offs_f).to(gl.float32),), kf + (gl.load(k_row + offs_f).to(gl.float32),)
-        qs, ks = qs + (gl.load(q_row + offs_k).to(gl.float32),), ks + (gl.load(k_row + offs_k).to(gl.float32),)
+        if not QK_SMEM:
+            qs, ks = qs + (gl.load(q_row + offs_k).to(gl.float32),), ks + (gl.load(k_row + offs_k).to(gl.float32),)
         vs = vs + (gl.load(v_ptr + bi * sv_b + t * sv_t + h * sv_h + offs_v).to(gl.float32),)
         a_s = a_s + (fixed_sum.load(a_ptr + bi * sa_b + t * sa_t + h, True),)     # stored, or int64 sums
         b_s = b_s + (fixed_sum.load(b_ptr + bi * sb_b + t * sb_t + h, True),)
@@ -166,16 +177,31 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
         rk = gl.rsqrt(gl.sum(kf[t] * kf[t], axis=0) + 1e-6)
         rq = gl.rsqrt(gl.sum(qf[t] * qf[t], axis=0) + 1e-6) * scale
         e, beta = _gates(a_s[t], b_s[t], A_log, dt_bias)
-        kn, qn, es, betas = kn + (ks[t] * rk,), qn + (qs[t] * rq,), es + (e,), betas + (beta,)
+        if QK_SMEM:
+            kn, qn = kn + (kf[t] * rk,), qn + (qf[t] * rq,)
+        else:
+            kn, qn = kn + (ks[t] * rk,), qn + (qs[t] * rq,)
+        es, betas = es + (e,), betas + (beta,)
         qk = qk + (gl.sum(qf[t] * kf[t], axis=0) * (rq * rk),)
+    if QK_SMEM:     # the tokens' k_t, q_t wait in shared memory, read back token by token: fewer live registers
+        qk_rows = gl.allocate_shared_memory(gl.float32, [2 * T, DK],
+                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+        for t in gl.static_range(T):
+            qk_rows.index(2 * t).store(kn[t])
+            qk_rows.index(2 * t + 1).store(qn[t])
+        gl.thread_barrier()
 
     if SLOTS:   # warps along dk: each token's partial sums through a shared-memory slot of its own
         parts = gl.allocate_shared_memory(gl.float32, [T, WD, BV, 2],
                                           gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0]))
     for t in gl.static_range(T):
-        k2 = gl.expand_dims(kn[t], 1)
+        if QK_SMEM:
+            k_t, q_t = qk_rows.index(2 * t).load(ROWS), qk_rows.index(2 * t + 1).load(ROWS)
+        else:
+            k_t, q_t = kn[t], qn[t]
+        k2 = gl.expand_dims(k_t, 1)
         # k_t.S and q_t.S of S_{t-1} in one reduction
-        kq = gl.join(S * k2, S * gl.expand_dims(qn[t], 1))                                  # [DK, BV, 2]
+        kq = gl.join(S * k2, S * gl.expand_dims(q_t, 1))                                    # [DK, BV, 2]
         if SLOTS:   # one barrier a token (the compiler's reduction across warps takes two)
             parts.index(t).store(gl.sum(gl.reshape(kq, [WD, DK // WD, BV, 2]), axis=1))
             gl.thread_barrier()
@@ -195,8 +221,8 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
 
 
 def launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, cfg, dk_fastest):
-    """Launch cfg = (BV, warps, lanes_dk, along_v) on arguments kernels/gdn_recurrent.gdn_verify has checked and
-    picked (dk_fastest: the state's layout, kernels/gdn_common.dk_fastest); o [B, T, Hv, dv] is written."""
+    """Launch cfg = (BV, warps, lanes_dk, along_v, qk_smem) on arguments kernels/gdn_recurrent.gdn_verify has checked
+    and picked (dk_fastest: the state's layout, kernels/gdn_common.dk_fastest); o [B, T, Hv, dv] is written."""
     B, T, HK, DK = q.shape
     HV, DV = v.shape[2], v.shape[3]
     bv, warps = cfg[:2]
@@ -208,5 +234,5 @@ def launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, c
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0), DK ** -0.5,
-        T, HV, HV // HK, DK, DV, bv, dk_fastest, *layouts(DK, cfg, dk_fastest), wd, exchange, pdl,
+        T, HV, HV // HK, DK, DV, bv, dk_fastest, *layouts(DK, cfg, dk_fastest), wd, exchange, cfg[4], pdl,
         num_warps=warps, launch_pdl=pdl)
