@@ -9,7 +9,8 @@ projections (gate+up, q/k/v(+gate), GDN qkv+z) are one call on the weights conca
 Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_int4(w).T).
 On a GPU (sm_80+), int4_linear hands calls of ≤ 16 rows with symmetric weights to kernels/int4_gemv.py, which
 streams the weights straight into the mma's registers (~2x faster there), and on sm_90 larger ones to
-kernels/int4_wgmma.py (weights as the wgmma's register operand, 1.1-1.7x this kernel at 40-320 rows); this kernel
+kernels/int4_wgmma.py (weights as the wgmma's register operand, 1.1-1.7x this kernel at 40-320 rows), from 65 rows
+mostly to its warp-specialised form kernels/int4_wgmma_ws.py (at 320 rows 0.9-1.1x cuBLAS bf16); this kernel
 covers the rest (W4A8, asymmetric weights, sm_8x), and every row count in the CPU interpreter (Gluon has none).
 Passing a Config forces it.
 
@@ -51,6 +52,7 @@ from layers.quant import Int4Weight, mma_k
 try:                            # Gluon is experimental in Triton: without it, this kernel serves every call
     from kernels.int4_gemv import int4_gemv, supports as gemv_supports
     from kernels.int4_wgmma import int4_wgmma, supports as wgmma_supports
+    from kernels.int4_wgmma_ws import int4_wgmma_ws, pick as ws_pick
 except ImportError:
     def gemv_supports(x, w):
         return False
@@ -375,7 +377,8 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg: C
         return int4_gemv(x, w, out)
     assert out.dtype != torch.int64, "int64 sums (kernels/fixed_sum.py) come from the GEMV's rows only"
     if cfg is None and wgmma_supports(x, w):
-        return int4_wgmma(x, w, out)
+        tile = ws_pick(x, w)
+        return int4_wgmma_ws(x, w, out, tile) if tile else int4_wgmma(x, w, out)
     return _launch(x, None, w, out, cfg)
 
 

@@ -18,13 +18,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import JITFunction
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.jit import JITFunction, mangle_type
 
 import kernels.attention_prefill as attention_prefill
 import kernels.attention_verify as attention_verify
 import kernels.device as gpu
 import kernels.int4_gemv as int4_gemv
 import kernels.int4_wgmma as int4_wgmma
+import kernels.int4_wgmma_ws as int4_wgmma_ws
 import kernels.int4_linear as int4_linear
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import gdn_prefill
@@ -64,6 +66,9 @@ def launches():
         if gpu.capability(None) >= (9, 0):
             for m in (B * T, 320):                  # and on sm_90 for these
                 int4_wgmma.int4_wgmma(empty(m, k), w, empty(m, n))
+            for tile in int4_wgmma_ws.TOKEN_TILES:  # the warp-specialised form's tiles, with and without overlap
+                for overlap in (True, False):
+                    int4_wgmma_ws.int4_wgmma_ws(empty(320, k), w, empty(320, n), tile, overlap=overlap)
         int4_linear.w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
         yield f"int4 {n}x{k}"
     head = Int8Weight(empty(V, H, dtype=torch.int8), empty(V, dtype=torch.float16))
@@ -172,6 +177,9 @@ def signature(fn, args, kwargs):
             continue
         if type(value) is int and value == 1 and not p.do_not_specialize:
             sig[p.name], constants[p.name] = "constexpr", 1           # as the JIT does (unit strides)
+            continue
+        if isinstance(value, TensorDescriptor):             # host TMA descriptor: its type names block and layout
+            sig[p.name] = mangle_type(value)
             continue
         if isinstance(value, torch.Tensor):
             sig[p.name] = POINTER[value.dtype]

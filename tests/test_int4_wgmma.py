@@ -1,10 +1,13 @@
-"""The Gluon wgmma int4 GEMM (kernels/int4_wgmma.py) against the dequantising reference. Gluon has no interpreter
+"""The Gluon wgmma int4 GEMMs (kernels/int4_wgmma.py and its warp-specialised form, int4_wgmma_ws.py) against the
+dequantising reference. Gluon has no interpreter
 and wgmma needs sm_90, so these run on a Hopper GPU only; on the CPU the kernel is compiled for sm_90 by
 tests/test_kernels_compile.py, and int4_linear's interpreter tests cover the same function."""
 import pytest
 import torch
 
+from kernels.int4_linear import int4_linear
 from kernels.int4_wgmma import MIN_ROWS, int4_wgmma, pick, supports
+from kernels.int4_wgmma_ws import int4_wgmma_ws, pick as ws_pick
 from kernels.splitk import workspace
 from layers.quant import Int4Weight, dequantize_int4, quantize_int4
 from tests.fixtures import rel_err
@@ -67,3 +70,40 @@ def test_int4_wgmma_graph_replay():
     assert pick(40, 5120, 6144, x.device)["splits"] > 1
     check_graph_replay(lambda: int4_wgmma(x, w, out), x, out, lambda x: rounded_ref(x, w))
 
+
+
+# The warp-specialised form: M ragged in both token tiles (the 32-token sub-tile partly or wholly past M, a last
+# tile of one row), N with a ragged column tile, odd group counts (no overlap) and even ones (overlap), both dtypes
+@pytest.mark.parametrize("m,n,k,xdt,sdt,tile,overlap", [
+    (65, 136, 384, torch.bfloat16, torch.float16, (128, 0), False),
+    (200, 264, 1024, torch.float16, torch.bfloat16, (128, 32), True),
+    (321, 520, 1152, torch.bfloat16, torch.float16, (128, 32), False),
+    (150, 1032, 2304, torch.bfloat16, torch.bfloat16, (128, 32), True),
+    (320, 392, 640, torch.float16, torch.float16, (128, 0), False),
+    (257, 136, 512, torch.bfloat16, torch.float16, (128, 0), True),
+])
+def test_int4_wgmma_ws(m, n, k, xdt, sdt, tile, overlap):
+    x, w = int4_case(m, n, k, xdt, sdt, m * 1000 + n + k)
+    out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")      # poisoned
+    int4_wgmma_ws(x, w, out, tile, overlap=overlap)
+    assert not out.isnan().any()
+    assert rel_err(out, rounded_ref(x, w)) < 1e-5, rel_err(out, rounded_ref(x, w))  # fp32 sums of the same products
+    assert rel_err(out, x.float() @ dequantize_int4(w).T) < 4e-3
+
+
+@pytest.mark.parametrize("n,k", SHAPES_27B)
+def test_int4_linear_320_rows_27b(n, k):
+    """64 sequences verifying 4 drafts: int4_linear takes the warp-specialised form at every 27B shape."""
+    x, w = int4_case(320, n, k, torch.bfloat16, torch.float16, n + k)
+    assert ws_pick(x, w) is not None
+    out = torch.full((320, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    int4_linear(x, w, out=out)
+    assert rel_err(out, rounded_ref(x, w)) < 6e-3
+
+
+def test_int4_wgmma_ws_graph_replay():
+    x = torch.randn(320, 5120 + 128, device="cuda").bfloat16()[:, 64:64 + 5120]    # row stride 5248
+    w = quantize_int4(torch.randn(16384, 5120, device="cuda"))
+    out = torch.empty(320, 16384, dtype=torch.bfloat16, device="cuda")
+    assert ws_pick(x, w) == (128, 32)
+    check_graph_replay(lambda: int4_linear(x, w, out=out), x, out, lambda x: rounded_ref(x, w))
