@@ -15,12 +15,16 @@ cuBLAS bf16 (H200). Here a CTA is three partitions that meet only at mbarriers:
   (an even number of groups) group i's mma runs while group i + 1 is unpacked: two A register sets, each held past
   its mma (int4_wgmma._hold: ptxas frees wgmma A registers at issue).
 BM2 exists because Gluon tensors have power-of-2 shapes: 320 rows are two 160-token tiles (128 + 32).
-No split-K: the launch is taken where its tiles alone fill at least half the SMs (`launch`); the rest stay with
-int4_wgmma.py. H200 at 320 rows (us, against cuBLAS bf16 and int4_wgmma.py in the same run; qkvz / out_proj / attn
-/ gate_up / down): 76.5 / 35.7 / 76.8 / 193.2 / 93.2 against 71.3 / 35.7 / 68.2 / 211.2 / 92.9 and 115.1 / 52.2 /
-110.9 / 255.4 / 139.7; without the overlap (4 stages / 3 stages) 81.7-93.8 / 37.1 / 80.8-92.7 / 203.6-215.6 / 95.5;
-160-token tiles where they make fewer, fuller waves (qkvz 76.5 against 92.5 on 128-token tiles), 128 elsewhere
-(out_proj 35.7 against 43.5).
+Split-K (where the tiles alone leave SMs idle: out_proj and down below ~160 rows) as int4_wgmma.py: each split's
+tile added in fp64 into the workspace, the last arrival stores it (int4_gemv.flush_tile; the same bits in any
+order). `launch` picks tile and split; calls whose CTAs would fill less than half the SMs stay with int4_wgmma.py.
+H200 (us; cuBLAS bf16 / int4_wgmma.py / this, one run): 320 rows qkvz 71.3 / 121.2 / 79.9, out_proj 35.3 / 52.1 /
+36.0, attn 67.6 / 110.7 / 75.8, gate_up 209.0 / 262.5 / 217.0 (193-217 over four runs), down 92.5 / 140.6 / 92.4;
+80 rows qkvz 42.2 / 44.2 / 33.4, out_proj 19.2 / 32.7 / 23.6 (3 splits; 33.9 unsplit), down 53.3 / 91.3 / 44.8 (3
+splits; 91.9 unsplit); 200 rows qkvz 49.1 / 87.9 / 60.6, gate_up 110.1 / 195.7 / 157.7. Without the overlap (4 /
+3 stages) 320 rows took 5-25% longer; 160-token tiles where they make fewer, fuller waves (qkvz 76.5 against 92.5
+on 128), 128 where out_proj's 80 tiles of 160 would leave 52 SMs idle (35.7 against 43.5); split-K beyond one wave
+pays for its fp64 atomics (attn at 320 rows in 4 splits 216 against 78 unsplit).
 Gluon has no interpreter: checked against the dequantising reference in the GPU tests, compiled for sm_90 by
 tests/aot_compile.py. Reference: layers.quant.dequantize_int4."""
 import torch
@@ -33,13 +37,16 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels import device as gpu
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
+from kernels.int4_gemv import flush_tile
 from kernels.int4_wgmma import _a_operand, _hold, _pairs, layouts
+from kernels.splitk import workspace
 from layers.quant import Int4Weight
 
 WG_COLS = gl.constexpr(64)              # output columns per consumer warpgroup (the wgmma's M)
 CONSUMERS = gl.constexpr(2)
 TOKEN_TILES = ((128, 0), (128, 32))     # (BM, BM2) candidates: 128 or 160 tokens a CTA
 STAGES = 4
+MAX_SPLITS = 4
 MIN_ROWS = 65                           # up to 64 rows int4_wgmma.py's launches are as fast or faster
 MAXNREG = 168                           # 12 warps at one CTA per SM; setmaxnreg gives consumers 232, the loader 40
 
@@ -81,11 +88,11 @@ def _store(acc, out_ptr, M, N, stride_om, c0, m0, BM: gl.constexpr, mma: gl.cons
 
 
 @gluon.jit
-def _consumer(c: gl.constexpr, rings, bars, args, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
+def _consumer(c: gl.constexpr, rings, bars, args, split_args, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
               a_op2: gl.constexpr, words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr,
-              STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr):
+              STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT: gl.constexpr):
     full, empty = bars
-    out_ptr, M, N, stride_om, n0, m0, n_groups = args
+    out_ptr, M, N, stride_om, n0, m0, n_groups, g_lo = args      # groups g_lo … g_lo + n_groups − 1 of K
     acc = gl.zeros([WG_COLS, BM], gl.float32, mma)
     acc2 = gl.zeros([WG_COLS, BM2 if BM2 > 0 else BM], gl.float32, mma2)      # unused without BM2
     if OVERLAP:
@@ -108,61 +115,84 @@ def _consumer(c: gl.constexpr, rings, bars, args, mma: gl.constexpr, mma2: gl.co
         for i in range(n_groups):
             acc, acc2, _ = _group(i, c, rings, full, acc, acc2, a_op, a_op2, words, flat, BM2, STAGES, DT, 0)
             _release(i, empty, STAGES, True)
-    c0 = n0 + c * WG_COLS
-    _store(acc, out_ptr, M, N, stride_om, c0, m0, BM, mma)
-    if BM2 > 0:
-        _store(acc2, out_ptr, M, N, stride_om, c0, m0 + BM, BM2, mma2)
+    if SPLIT:       # the K ranges of a tile meet in the workspace (fp64: the same bits in any order of arrival)
+        ws_ptr, cnt_ptr, k_groups, m_tile = split_args
+        tile = n0 // WG_COLS + c                                    # in 64-column tiles
+        tiles = gl.cdiv(N, CONSUMERS * WG_COLS) * CONSUMERS
+        flush_tile(acc, tile, n_groups, k_groups, out_ptr + m0 * stride_om, ws_ptr + 2 * m0 * N,
+                   cnt_ptr + 2 * m_tile * tiles, M - m0, N, stride_om, WG_COLS, BM, mma)
+        if BM2 > 0:
+            flush_tile(acc2, tile, n_groups, k_groups, out_ptr + (m0 + BM) * stride_om, ws_ptr + 2 * (m0 + BM) * N,
+                       cnt_ptr + (2 * m_tile + 1) * tiles, M - m0 - BM, N, stride_om, WG_COLS, BM2, mma2)
+    else:
+        c0 = n0 + c * WG_COLS
+        _store(acc, out_ptr, M, N, stride_om, c0, m0, BM, mma)
+        if BM2 > 0:
+            _store(acc2, out_ptr, M, N, stride_om, c0, m0 + BM, BM2, mma2)
 
 
 @gluon.jit
-def _first_consumer(rings, bars, args, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
+def _first_consumer(rings, bars, args, split_args, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
                     a_op2: gl.constexpr, words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr,
-                    BM2: gl.constexpr, STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr):
-    _consumer(0, rings, bars, args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP)
+                    BM2: gl.constexpr, STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr,
+                    SPLIT: gl.constexpr):
+    _consumer(0, rings, bars, args, split_args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP,
+              SPLIT)
 
 
 @gluon.jit
-def _worker(rings, bars, args, descs, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
+def _worker(rings, bars, args, split_args, descs, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
             a_op2: gl.constexpr, words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr,
-            STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr, LOADER: gl.constexpr, PDL: gl.constexpr):
+            STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT: gl.constexpr, LOADER: gl.constexpr,
+            PDL: gl.constexpr):
     """The worker partitions share one signature: the second consumer, or the loader."""
     if LOADER:
         words_ring, scales_ring, acts_ring, acts2_ring = rings
         full, empty = bars
-        out_ptr, M, N, stride_om, n0, m0, n_groups = args
+        out_ptr, M, N, stride_om, n0, m0, n_groups, g_lo = args
         w_desc, s_desc, x_desc, x2_desc = descs
         BN: gl.constexpr = CONSUMERS * WG_COLS
         nbytes: gl.constexpr = BN * 64 + BN * 2 + (BM + BM2) * 256
         for i in range(n_groups):
             s = i % STAGES
+            g = g_lo + i
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(full.index(s), nbytes)
-            tma.async_copy_global_to_shared(w_desc, [i * N + n0, 0], full.index(s), words_ring.index(s))
-            tma.async_copy_global_to_shared(s_desc, [i, n0], full.index(s), scales_ring.index(s))
+            tma.async_copy_global_to_shared(w_desc, [g * N + n0, 0], full.index(s), words_ring.index(s))
+            tma.async_copy_global_to_shared(s_desc, [g, n0], full.index(s), scales_ring.index(s))
             if PDL:                             # the activations are the previous kernel's output
                 if i == 0:
                     gdc_wait()
                     gdc_launch_dependents()
-            tma.async_copy_global_to_shared(x_desc, [m0, i * 128], full.index(s), acts_ring.index(s))
+            tma.async_copy_global_to_shared(x_desc, [m0, g * 128], full.index(s), acts_ring.index(s))
             if BM2 > 0:
-                tma.async_copy_global_to_shared(x2_desc, [m0 + BM, i * 128], full.index(s), acts2_ring.index(s))
+                tma.async_copy_global_to_shared(x2_desc, [m0 + BM, g * 128], full.index(s), acts2_ring.index(s))
     else:
-        _consumer(1, rings, bars, args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP)
+        _consumer(1, rings, bars, args, split_args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT,
+                  OVERLAP, SPLIT)
 
 
 @gluon.jit
-def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, M, N, K, stride_om, m_tiles,
+def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_om, m_tiles, splits,
                     mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr, a_op2: gl.constexpr,
                     words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr,
-                    STAGES: gl.constexpr, OVERLAP: gl.constexpr, PDL: gl.constexpr):
+                    STAGES: gl.constexpr, OVERLAP: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr):
     # Descriptors (host TMA): words = qweight [K/128 · N, 16] int32, block [BN, 16]; scales [K/128, N], block
     # [1, BN]; x [M, K] bf16/fp16, blocks [BM, 128] and [BM2, 128] (rows past M read as zeros); out [M, N] any float
-    # dtype (row stride stride_om). Grid (n_tiles · m_tiles,): program = n_tile · m_tiles + m_tile.
+    # dtype (row stride stride_om); ws fp32 [2·M·N] (as fp64 [M, N]) and cnt int32 [2 · m_tiles · N / 64] zeroed
+    # (kernels/splitk.py). Grid (n_tiles · splits · m_tiles,): program = (n_tile · splits + split) · m_tiles + m_tile;
+    # a split holds an equal share of the groups (in pairs with OVERLAP: the host checks none is empty).
     DT: gl.constexpr = x_desc.dtype
     BN: gl.constexpr = CONSUMERS * WG_COLS
     pid = gl.program_id(0)
-    m0 = (pid % m_tiles) * (BM + BM2)
-    n0 = (pid // m_tiles) * BN
+    m_tile = pid % m_tiles
+    split = (pid // m_tiles) % splits
+    m0 = m_tile * (BM + BM2)
+    n0 = pid // (m_tiles * splits) * BN
+    k_groups = K // 128
+    per_split = 2 * gl.cdiv(k_groups // 2, splits) if OVERLAP else gl.cdiv(k_groups, splits)
+    g_lo = split * per_split
+    n_local = gl.minimum(g_lo + per_split, k_groups) - g_lo
     words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 16], w_desc.layout)
     scales_ring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
     acts_ring = gl.allocate_shared_memory(DT, [STAGES, BM, 128], x_desc.layout)
@@ -174,53 +204,66 @@ def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, M, N, K, stride_om
         mbarrier.init(empty.index(i), count=CONSUMERS)      # one arrival per consumer warpgroup
     rings = (words_ring, scales_ring, acts_ring, acts2_ring)
     bars = (full, empty)
-    args = (out_ptr, M, N, stride_om, n0, m0, K // 128)
+    args = (out_ptr, M, N, stride_om, n0, m0, n_local, g_lo)
+    split_args = (ws_ptr, cnt_ptr, k_groups, m_tile)
     descs = (w_desc, s_desc, x_desc, x2_desc)
     gl.warp_specialize([
-        (_first_consumer, (rings, bars, args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP)),
-        (_worker, (rings, bars, args, descs, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP, False,
-                   PDL)),
-        (_worker, (rings, bars, args, descs, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP, True,
-                   PDL)),
+        (_first_consumer, (rings, bars, args, split_args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT,
+                           OVERLAP, SPLIT)),
+        (_worker, (rings, bars, args, split_args, descs, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT,
+                   OVERLAP, SPLIT, False, PDL)),
+        (_worker, (rings, bars, args, split_args, descs, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT,
+                   OVERLAP, SPLIT, True, PDL)),
     ], [4, 1], [232, 40])
 
 
 def launch(m: int, n: int, k: int, sms: int):
-    """(BM, BM2) for m rows, or None where this kernel does not take the call: the token tile whose waves are the
-    fullest (useful rows · columns against the SMs' capacity), if its tiles fill at least half the SMs."""
+    """(BM, BM2, splits) for m rows, or None where this kernel does not take the call: the token tile and K split
+    whose waves take the least time (waves of one CTA per SM times the tokens and groups a CTA holds), if its CTAs
+    fill at least half the SMs. K is split (an equal share of the groups each, in pairs where they pair up) only
+    while the CTAs still fit one wave: the split tiles' fp64 flush is paid in atomics (H200, attn at 320 rows in
+    4 splits: 216 against 78 us unsplit; down at 80 rows in 3: 44 against 91)."""
     if m < MIN_ROWS:
         return None
     n_tiles = triton.cdiv(n, CONSUMERS.value * WG_COLS.value)
-
-    def fill(tile):
+    groups = k // 128
+    unit = 2 if groups % 2 == 0 else 1                  # the overlapped loop's pairs
+    best = None
+    for tile in TOKEN_TILES:
         tiles = n_tiles * triton.cdiv(m, sum(tile))
-        return m * n_tiles / (triton.cdiv(tiles, sms) * sms * sum(tile)), tiles
-
-    best = max(TOKEN_TILES, key=lambda t: fill(t)[0])
-    return best if 2 * fill(best)[1] >= sms else None
+        for splits in range(1, max(1, min(MAX_SPLITS, sms // tiles)) + 1):
+            per = unit * triton.cdiv(groups // unit, splits)
+            if (splits - 1) * per >= groups:            # an empty split
+                continue
+            cost = triton.cdiv(tiles * splits, sms) * sum(tile) * per
+            if best is None or cost < best[0]:
+                best = (cost, tiles * splits, tile + (splits,))
+    return best[2] if 2 * best[1] >= sms else None
 
 
 def pick(x: torch.Tensor, w: Int4Weight):
-    """The (BM, BM2) tile for this call, or None where int4_wgmma.py keeps it: `launch`'s choice, when x's rows meet
-    TMA's alignment (16-byte base and row stride). For calls int4_wgmma.supports takes."""
+    """The (BM, BM2, splits) launch for this call, or None where int4_wgmma.py keeps it: `launch`'s choice, when
+    x's rows meet TMA's alignment (16-byte base and row stride). For calls int4_wgmma.supports takes."""
     x2 = x.reshape(-1, x.shape[-1])
     aligned = x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0
     return launch(x2.shape[0], w.n, w.k, gpu.num_sms(x.device)) if aligned else None
 
 
-def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, tile: tuple, overlap: bool = None,
+def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple, overlap: bool = None,
                   stages: int = STAGES) -> torch.Tensor:
     """x [..., K] bf16/fp16 (rows TMA-aligned: pick), w symmetric with group 128, out [..., N] any float dtype:
-    out = x @ Wᵀ. tile = (BM, BM2) as `pick` chooses; overlap (default: wherever the groups pair up) needs an even
-    number of groups."""
+    out = x @ Wᵀ. cfg = (BM, BM2, splits) as `pick` chooses; overlap (default: wherever the groups pair up) needs
+    an even number of groups."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     out2 = out.view(-1, n)
     m = x2.shape[0]
-    bm, bm2 = tile
+    bm, bm2, splits = cfg
     overlap = k % 256 == 0 if overlap is None else overlap
     assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
     assert not overlap or k % 256 == 0, "overlap: groups in pairs"
+    unit = 2 if overlap else 1
+    assert (splits - 1) * unit * triton.cdiv(k // 128 // unit, splits) < k // 128, "an empty split"
     bn = CONSUMERS.value * WG_COLS.value
     plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     w_desc = TensorDescriptor.from_tensor(w.qweight.view(-1, 16), [bn, 16], plain)
@@ -233,8 +276,9 @@ def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, tile: tuple
     mma2, a_op2, _ = layouts(WG_COLS.value, bm2 or bm, 4)
     flat = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     m_tiles = triton.cdiv(m, bm + bm2)
+    ws, cnt = workspace(x.device, 2 * m * n, 2 * m_tiles * triton.cdiv(n, bn) * CONSUMERS.value)   # fp64 [M, N]
     pdl = gpu.pdl(x.device)
-    _int4_ws_kernel[(triton.cdiv(n, bn) * m_tiles,)](
-        w_desc, s_desc, x_desc, x2_desc, out2, m, n, k, out2.stride(0), m_tiles, mma, mma2, a_op, a_op2, words, flat,
-        bm, bm2, stages, overlap, pdl, num_warps=4, maxnreg=MAXNREG, launch_pdl=pdl)
+    _int4_ws_kernel[(triton.cdiv(n, bn) * splits * m_tiles,)](
+        w_desc, s_desc, x_desc, x2_desc, out2, ws, cnt, m, n, k, out2.stride(0), m_tiles, splits, mma, mma2, a_op,
+        a_op2, words, flat, bm, bm2, stages, overlap, splits > 1, pdl, num_warps=4, maxnreg=MAXNREG, launch_pdl=pdl)
     return out

@@ -73,37 +73,46 @@ def test_int4_wgmma_graph_replay():
 
 
 # The warp-specialised form: M ragged in both token tiles (the 32-token sub-tile partly or wholly past M, a last
-# tile of one row), N with a ragged column tile, odd group counts (no overlap) and even ones (overlap), both dtypes
-@pytest.mark.parametrize("m,n,k,xdt,sdt,tile,overlap", [
-    (65, 136, 384, torch.bfloat16, torch.float16, (128, 0), False),
-    (200, 264, 1024, torch.float16, torch.bfloat16, (128, 32), True),
-    (321, 520, 1152, torch.bfloat16, torch.float16, (128, 32), False),
-    (150, 1032, 2304, torch.bfloat16, torch.bfloat16, (128, 32), True),
-    (320, 392, 640, torch.float16, torch.float16, (128, 0), False),
-    (257, 136, 512, torch.bfloat16, torch.float16, (128, 0), True),
+# tile of one row), N with a ragged column tile, odd group counts (no overlap) and even ones (overlap), both dtypes,
+# split-K in groups (9 groups as 5 + 4) and in pairs (9 pairs as 3 + 3 + 3, 4 pairs as 1 + 1 + 1 + 1)
+@pytest.mark.parametrize("m,n,k,xdt,sdt,cfg,overlap", [
+    (65, 136, 384, torch.bfloat16, torch.float16, (128, 0, 1), False),
+    (200, 264, 1024, torch.float16, torch.bfloat16, (128, 32, 1), True),
+    (321, 520, 1152, torch.bfloat16, torch.float16, (128, 32, 1), False),
+    (150, 1032, 2304, torch.bfloat16, torch.bfloat16, (128, 32, 1), True),
+    (320, 392, 640, torch.float16, torch.float16, (128, 0, 1), False),
+    (257, 136, 512, torch.bfloat16, torch.float16, (128, 0, 1), True),
+    (321, 520, 1152, torch.bfloat16, torch.float16, (128, 32, 2), False),
+    (150, 1032, 2304, torch.float16, torch.bfloat16, (128, 32, 3), True),
+    (90, 264, 1024, torch.bfloat16, torch.float16, (128, 0, 4), True),
 ])
-def test_int4_wgmma_ws(m, n, k, xdt, sdt, tile, overlap):
+def test_int4_wgmma_ws(m, n, k, xdt, sdt, cfg, overlap):
     x, w = int4_case(m, n, k, xdt, sdt, m * 1000 + n + k)
     out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")      # poisoned
-    int4_wgmma_ws(x, w, out, tile, overlap=overlap)
+    int4_wgmma_ws(x, w, out, cfg, overlap=overlap)
     assert not out.isnan().any()
     assert rel_err(out, rounded_ref(x, w)) < 1e-5, rel_err(out, rounded_ref(x, w))  # fp32 sums of the same products
     assert rel_err(out, x.float() @ dequantize_int4(w).T) < 4e-3
+    ws, cnt = workspace(x.device, 1, 1)
+    assert not ws.any() and not cnt.any()                                # split tiles leave the workspace zeroed
 
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)
-def test_int4_linear_320_rows_27b(n, k):
-    """64 sequences verifying 4 drafts: int4_linear takes the warp-specialised form at every 27B shape."""
-    x, w = int4_case(320, n, k, torch.bfloat16, torch.float16, n + k)
+@pytest.mark.parametrize("m", [80, 320])
+def test_int4_linear_ws_27b(m, n, k):
+    """16 and 64 sequences verifying 4 drafts: int4_linear takes the warp-specialised form at every 27B shape
+    (split-K for out_proj and down at 80 rows)."""
+    x, w = int4_case(m, n, k, torch.bfloat16, torch.float16, m + n + k)
     assert ws_pick(x, w) is not None
-    out = torch.full((320, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     int4_linear(x, w, out=out)
     assert rel_err(out, rounded_ref(x, w)) < 6e-3
 
 
-def test_int4_wgmma_ws_graph_replay():
-    x = torch.randn(320, 5120 + 128, device="cuda").bfloat16()[:, 64:64 + 5120]    # row stride 5248
-    w = quantize_int4(torch.randn(16384, 5120, device="cuda"))
-    out = torch.empty(320, 16384, dtype=torch.bfloat16, device="cuda")
-    assert ws_pick(x, w) == (128, 32)
+@pytest.mark.parametrize("m,n,k,cfg", [(320, 16384, 5120, (128, 32, 1)), (80, 5120, 6144, (128, 0, 3))])
+def test_int4_wgmma_ws_graph_replay(m, n, k, cfg):
+    x = torch.randn(m, k + 128, device="cuda").bfloat16()[:, 64:64 + k]            # row stride k + 128
+    w = quantize_int4(torch.randn(n, k, device="cuda"))
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    assert ws_pick(x, w) == cfg
     check_graph_replay(lambda: int4_linear(x, w, out=out), x, out, lambda x: rounded_ref(x, w))
