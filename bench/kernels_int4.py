@@ -1,6 +1,6 @@
 """Int4-weight linears at the Qwen3.8-27B shapes, with their peers timed in the same run: ours (W4A16 — the Gluon
-GEMV for ≤ 16 rows, beyond it the Gluon wgmma GEMM on sm_90 (else the Triton kernel), and the Triton kernel beside
-them as `[triton]`; W4A8 from int8 activations), cuBLAS bf16
+GEMV for ≤ 16 rows, beyond it the Gluon wgmma GEMMs on sm_90 (config `ws`: the warp-specialised one; else the
+Triton kernel), and the Triton kernel beside them as `[triton]`; W4A8 from int8 activations), cuBLAS bf16
 (`x @ w.T`), torch's `_weight_int4pack_mm` (group 128), and a copy kernel moving the same bytes as the M = 1
 GEMV (`copy floor`: what a launch that only streams those bytes achieves in this harness).
 
@@ -16,7 +16,7 @@ import itertools
 import torch
 
 from bench.harness import best_of, row, suite_main, time_us
-from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma
+from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma, int4_wgmma_ws as wgmma_ws
 from kernels.int4_linear import CODES, NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from layers.quant import Int4Weight
 
@@ -108,6 +108,8 @@ def run(peak_Bps: float) -> list:
             extra = {"vs_cublas": round(cublas[m] / us, 2)} if m in cublas else {}
             if m <= gemv.MAX_ROWS:
                 config = _gemv_str(gemv.pick(m, n, k, dev))
+            elif gpu.capability(dev) >= (9, 0) and wgmma_ws.launch(m, n, k, gpu.num_sms(dev)):
+                config = "ws {}+{} s{}".format(*wgmma_ws.launch(m, n, k, gpu.num_sms(dev)))
             elif gpu.capability(dev) >= (9, 0) and m >= wgmma.MIN_ROWS:
                 config = _wgmma_str(wgmma.pick(m, n, k, dev))
             else:
