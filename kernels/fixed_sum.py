@@ -12,8 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int4_gemv import FRAC
-
+FRAC = 32                                   # fractional bits of the sums: int64 units of 2^-32
 _UNIT = tl.constexpr(2.0 ** -FRAC)
 _HALF_ULP = tl.constexpr((1 << 44) - 1)     # fp64 → bf16 drops 45 mantissa bits: round half to even
 _KEEP = tl.constexpr(-(1 << 45))

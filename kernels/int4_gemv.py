@@ -78,15 +78,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from kernels import device as gpu
+from kernels.fixed_sum import FRAC, deferred
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 from kernels.splitk import workspace
 from layers.quant import Int4Weight
 
 MAX_ROWS = 16
-# Sums in fixed point: each group's fp32 partial times 2^FRAC, added in int64 — exact for partials of magnitude
-# ≥ 2^-9 (smaller ones lose what lies below 2^-32), and the same whatever order they are added in; a tile shared by
-# programs must stay below 2^24 in magnitude (the arrival count sits above it, in the top bits of the word).
-FRAC = 32
+# Sums in fixed point (kernels/fixed_sum.FRAC): each group's fp32 partial times 2^FRAC, added in int64 — exact for
+# partials of magnitude ≥ 2^-9 (smaller ones lose what lies below 2^-32), and the same whatever order they are added
+# in; a tile shared by programs must stay below 2^24 in magnitude (the arrival count sits above it, in the top bits
+# of the word).
 ONE = gl.constexpr(2.0 ** FRAC)
 UNIT = gl.constexpr(2.0 ** -FRAC)
 COUNT = gl.constexpr(57)
@@ -445,10 +446,10 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
     m = x2.shape[0]
     out2 = out.view(-1, n)
     assert m <= MAX_ROWS and x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
-    assert out.dtype != torch.int64 or x.dtype == torch.bfloat16, "int64 sums stand for bf16 activations"
+    assert not deferred(out) or x.dtype == torch.bfloat16, "int64 sums stand for bf16 activations"
     given = {key: v for key, v in dict(block_n=block_n, warps=warps, programs=programs, stages=stages,
                                        ctas_per_sm=ctas_per_sm, marks=marks).items() if v is not None}
-    p = pick(m, n, k, x.device, out.dtype == torch.int64, **given)
+    p = pick(m, n, k, x.device, deferred(out), **given)
     pdl = gpu.pdl(x.device)
     bt = token_tile(m)
     assert -(-p["programs"] // triton.cdiv(n, p["block_n"])) < MAX_SHARING, "too many programs per column tile"

@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import device as gpu
+from kernels import device as gpu, fixed_sum
 from kernels.splitk import split_count, store_tile, workspace
 from layers.quant import Int4Weight, mma_k
 
@@ -375,7 +375,7 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg: C
         out = torch.empty(*x.shape[:-1], w.n, dtype=x.dtype, device=x.device)
     if cfg is None and gemv_supports(x, w):
         return int4_gemv(x, w, out)
-    assert out.dtype != torch.int64, "int64 sums (kernels/fixed_sum.py) come from the GEMV's rows only"
+    assert not fixed_sum.deferred(out), "int64 sums (kernels/fixed_sum.py) come from the GEMV's rows only"
     if cfg is None and wgmma_supports(x, w):
         tile = ws_pick(x, w)
         return int4_wgmma_ws(x, w, out, tile) if tile else int4_wgmma(x, w, out)
