@@ -106,10 +106,11 @@ def run(peak_Bps: float) -> list:
         for m in GEMV_M + GEMM_M:
             us = time_ours(m, n, k)
             extra = {"vs_cublas": round(cublas[m] / us, 2)} if m in cublas else {}
+            ws_cfg = wgmma_ws.launch(m, n, k, gpu.num_sms(dev)) if gpu.capability(dev) >= (9, 0) else None
             if m <= gemv.MAX_ROWS:
                 config = _gemv_str(gemv.pick(m, n, k, dev))
-            elif gpu.capability(dev) >= (9, 0) and wgmma_ws.launch(m, n, k, gpu.num_sms(dev)):
-                config = "ws {}+{} s{}".format(*wgmma_ws.launch(m, n, k, gpu.num_sms(dev)))
+            elif ws_cfg:
+                config = "ws {}+{} s{}".format(*ws_cfg)
             elif gpu.capability(dev) >= (9, 0) and m >= wgmma.MIN_ROWS:
                 config = _wgmma_str(wgmma.pick(m, n, k, dev))
             else:

@@ -377,8 +377,8 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg: C
         return int4_gemv(x, w, out)
     assert not fixed_sum.deferred(out), "int64 sums (kernels/fixed_sum.py) come from the GEMV's rows only"
     if cfg is None and wgmma_supports(x, w):
-        tile = ws_pick(x, w)
-        return int4_wgmma_ws(x, w, out, tile) if tile else int4_wgmma(x, w, out)
+        ws_cfg = ws_pick(x, w)
+        return int4_wgmma_ws(x, w, out, ws_cfg) if ws_cfg else int4_wgmma(x, w, out)
     return _launch(x, None, w, out, cfg)
 
 

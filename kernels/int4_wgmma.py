@@ -52,7 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 from kernels import device as gpu
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 from kernels.int4_gemv import exact_log2, flush_tile
-from kernels.splitk import split_count, workspace
+from kernels.splitk import split_count, split_share, workspace
 from layers.quant import Int4Weight
 
 MIN_ROWS = 17                   # up to 16 rows kernels/int4_gemv.py streams the weights faster
@@ -329,8 +329,7 @@ def int4_wgmma(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_m: int =
     p = pick(m, n, k, x.device, **given)
     bm, warps, stages = p["block_m"], p["warps"], p["stages"]
     assert not p.get("overlap") or (stages >= 3 and k % 256 == 0), "overlap: 3+ stages, groups in pairs"
-    unit = 2 if p.get("overlap") else 1                               # no split may be empty (the kernel's cut)
-    assert (p["splits"] - 1) * unit * triton.cdiv(k // 128 // unit, p["splits"]) < k // 128, p
+    assert split_share(k // 128, p["splits"], 2 if p.get("overlap") else 1), p    # no split may be empty
     bn = 16 * warps
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     pdl = gpu.pdl(x.device)

@@ -39,7 +39,7 @@ from kernels import device as gpu
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 from kernels.int4_gemv import flush_tile
 from kernels.int4_wgmma import _a_operand, _hold, _pairs, layouts
-from kernels.splitk import workspace
+from kernels.splitk import split_share, workspace
 from layers.quant import Int4Weight
 
 WG_COLS = gl.constexpr(64)              # output columns per consumer warpgroup (the wgmma's M)
@@ -232,8 +232,8 @@ def launch(m: int, n: int, k: int, sms: int):
     for tile in TOKEN_TILES:
         tiles = n_tiles * triton.cdiv(m, sum(tile))
         for splits in range(1, max(1, min(MAX_SPLITS, sms // tiles)) + 1):
-            per = unit * triton.cdiv(groups // unit, splits)
-            if (splits - 1) * per >= groups:            # an empty split
+            per = split_share(groups, splits, unit)
+            if not per:                                 # an empty split
                 continue
             cost = triton.cdiv(tiles * splits, sms) * sum(tile) * per
             if best is None or cost < best[0]:
@@ -262,8 +262,7 @@ def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple,
     overlap = k % 256 == 0 if overlap is None else overlap
     assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
     assert not overlap or k % 256 == 0, "overlap: groups in pairs"
-    unit = 2 if overlap else 1
-    assert (splits - 1) * unit * triton.cdiv(k // 128 // unit, splits) < k // 128, "an empty split"
+    assert split_share(k // 128, splits, 2 if overlap else 1), "an empty split"
     bn = CONSUMERS.value * WG_COLS.value
     plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     w_desc = TensorDescriptor.from_tensor(w.qweight.view(-1, 16), [bn, 16], plain)
@@ -271,9 +270,11 @@ def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple,
                                           gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
     x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)   # as the wgmma reads it
     x_desc = TensorDescriptor.from_tensor(x2, [bm, 128], x_layout)
-    x2_desc = TensorDescriptor.from_tensor(x2, [bm2 or bm, 128], x_layout)
     mma, a_op, words = layouts(WG_COLS.value, bm, 4)
-    mma2, a_op2, _ = layouts(WG_COLS.value, bm2 or bm, 4)
+    x2_desc, mma2, a_op2 = x_desc, mma, a_op                        # stand-ins the kernel never uses without BM2
+    if bm2:
+        x2_desc = TensorDescriptor.from_tensor(x2, [bm2, 128], x_layout)
+        mma2, a_op2, _ = layouts(WG_COLS.value, bm2, 4)
     flat = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     m_tiles = triton.cdiv(m, bm + bm2)
     ws, cnt = workspace(x.device, 2 * m * n, 2 * m_tiles * triton.cdiv(n, bn) * CONSUMERS.value)   # fp64 [M, N]

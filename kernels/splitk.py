@@ -43,6 +43,13 @@ def split_count(tiles: int, groups: int, ctas_per_sm: int, sms: int) -> int:
     return triton.cdiv(groups, triton.cdiv(groups, want))
 
 
+def split_share(groups: int, splits: int, unit: int = 1) -> int:
+    """Groups per K-split as the int4 wgmma kernels cut K (whole units of `unit` groups: 2 for their overlapped
+    pairs; the last split takes what is left), or 0 where that cut leaves a split empty."""
+    per = unit * triton.cdiv(groups // unit, splits)
+    return per if (splits - 1) * per < groups else 0
+
+
 _WORKSPACES = {}   # device → (fp32 workspace, int32 counters); grown, never shrunk, old ones kept alive
 
 

@@ -43,9 +43,15 @@ def rounded_ref(x, w):
     (27, 520, 1024, torch.bfloat16, torch.float16, dict(block_m=32, stages=4, splits=1, ctas_per_sm=3, overlap=True)),
 ])
 def test_int4_wgmma(m, n, k, xdt, sdt, cfg):
+    assert_case(lambda x, w, out: int4_wgmma(x, w, out, **cfg), m, n, k, xdt, sdt)
+
+
+def assert_case(run, m, n, k, xdt, sdt):
+    """run(x, w, out) on a random case writes every element of a poisoned fp32 out: the sums of the products the
+    kernel multiplies, close to the exact dequantised product, and the split-K workspace left zeroed."""
     x, w = int4_case(m, n, k, xdt, sdt, m * 1000 + n + k)
     out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")      # poisoned
-    int4_wgmma(x, w, out, **cfg)
+    run(x, w, out)
     assert not out.isnan().any()
     assert rel_err(out, rounded_ref(x, w)) < 1e-5, rel_err(out, rounded_ref(x, w))  # fp32 sums of the same products
     assert rel_err(out, x.float() @ dequantize_int4(w).T) < 4e-3
@@ -87,14 +93,7 @@ def test_int4_wgmma_graph_replay():
     (90, 264, 1024, torch.bfloat16, torch.float16, (128, 0, 4), True),
 ])
 def test_int4_wgmma_ws(m, n, k, xdt, sdt, cfg, overlap):
-    x, w = int4_case(m, n, k, xdt, sdt, m * 1000 + n + k)
-    out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")      # poisoned
-    int4_wgmma_ws(x, w, out, cfg, overlap=overlap)
-    assert not out.isnan().any()
-    assert rel_err(out, rounded_ref(x, w)) < 1e-5, rel_err(out, rounded_ref(x, w))  # fp32 sums of the same products
-    assert rel_err(out, x.float() @ dequantize_int4(w).T) < 4e-3
-    ws, cnt = workspace(x.device, 1, 1)
-    assert not ws.any() and not cnt.any()                                # split tiles leave the workspace zeroed
+    assert_case(lambda x, w, out: int4_wgmma_ws(x, w, out, cfg, overlap=overlap), m, n, k, xdt, sdt)
 
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)
