@@ -110,7 +110,7 @@ def run(peak_Bps: float) -> list:
             if m <= gemv.MAX_ROWS:
                 config = _gemv_str(gemv.pick(m, n, k, dev))
             elif ws_cfg:
-                config = "ws {}+{} s{}".format(*ws_cfg)
+                config = "ws {}+{} p{}".format(*ws_cfg)
             elif gpu.capability(dev) >= (9, 0) and m >= wgmma.MIN_ROWS:
                 config = _wgmma_str(wgmma.pick(m, n, k, dev))
             else:

@@ -15,16 +15,26 @@ cuBLAS bf16 (H200). Here a CTA is three partitions that meet only at mbarriers:
   (an even number of groups) group i's mma runs while group i + 1 is unpacked: two A register sets, each held past
   its mma (int4_wgmma._hold: ptxas frees wgmma A registers at issue).
 BM2 exists because Gluon tensors have power-of-2 shapes: 320 rows are two 160-token tiles (128 + 32).
-Split-K (where the tiles alone leave SMs idle: out_proj and down below ~160 rows) as int4_wgmma.py: each split's
-tile added in fp64 into the workspace, the last arrival stores it (int4_gemv.flush_tile; the same bits in any
-order). `launch` picks tile and split; calls whose CTAs would fill less than half the SMs stay with int4_wgmma.py.
-H200 (us; cuBLAS bf16 / int4_wgmma.py / this, one run): 320 rows qkvz 71.3 / 121.2 / 79.9, out_proj 35.3 / 52.1 /
-36.0, attn 67.6 / 110.7 / 75.8, gate_up 209.0 / 262.5 / 217.0 (193-217 over four runs), down 92.5 / 140.6 / 92.4;
-80 rows qkvz 42.2 / 44.2 / 33.4, out_proj 19.2 / 32.7 / 23.6 (3 splits; 33.9 unsplit), down 53.3 / 91.3 / 44.8 (3
-splits; 91.9 unsplit); 200 rows qkvz 49.1 / 87.9 / 60.6, gate_up 110.1 / 195.7 / 157.7. Without the overlap (4 /
-3 stages) 320 rows took 5-25% longer; 160-token tiles where they make fewer, fuller waves (qkvz 76.5 against 92.5
-on 128), 128 where out_proj's 80 tiles of 160 would leave 52 SMs idle (35.7 against 43.5); split-K beyond one wave
-pays for its fp64 atomics (attn at 320 rows in 4 splits 216 against 78 unsplit).
+How the work is cut: the work units (tile, group — or pair of groups with OVERLAP), tile-major, are cut into one
+equal range per program; the loader streams its range's groups through the ring without a break, the consumers
+sum each tile segment of it and store a whole tile, or leave a partial one as a piece in the workspace (fp32;
+slot 2·program for the first tile of its range, + 1 for its last) and bump the tile's counter: the program
+arriving last adds the tile's pieces in program order (the same bits whichever arrives last; fp64 atomics were
+measured at ~1 TB/s) and stores the sum. `launch` picks among three cuts: one tile a program (waves of one a SM),
+each tile in 2-4 pieces while those fit one wave (out_proj and down up to ~160 rows), and stream-K, one program a
+SM with ranges across tile boundaries — charged STREAM_K_COST group·tokens more: on the H200 such ranges cost
+14-27 us a launch beyond their work (qkvz at 80 rows on 132 programs 48.0 against 35.2 on 128 whole tiles, 41.1
+with the pieces not even written: the cost is not the fix-up; cause not found), so stream-K only pays where whole
+tiles leave much of a wave idle (gate_up: 272 or 544 tiles on 132 SMs; down at 200 rows: 80 tiles).
+H200 (us; cuBLAS bf16 / this kernel's previous form, one tile or fp64-summed splits a CTA / this, one run):
+80 rows out_proj 19.2 / 23.8 / 22.9, gate_up 94.6 / 95.8 / 90.5, down 54.0 / 49.8 / 47.8; 128 rows out_proj 20.5 /
+28.0 / 23.6, gate_up 91.7 / 96.2 / 79.8, down 55.7 / 49.8 / 45.3; 200 rows gate_up 112.6 / 169.3 / 149.8, down 61.6 /
+92.8 / 76.8; 320 rows qkvz 72.9 / 78.1 / 77.0, out_proj 35.9 / 35.9 / 36.5, attn 68.8 / 75.8 / 75.0, gate_up 218.2 /
+210.5 / 184.5, down 93.6 / 97.7 / 98.8 (stream-K; one tile a program 94.5-97.7 in other runs: the cost model calls
+them even). One tile a program compiled as such (ONE_TILE) 0.3-2.6 us faster than through the general loop. Before
+this kernel (int4_wgmma.py) 320 rows took qkvz 121, out_proj 52, attn 111, gate_up 263, down 141. Without the
+overlap (4 / 3 stages) 320 rows took 5-25% longer; 160-token tiles where they make fewer, fuller waves (qkvz 76.5
+against 92.5 on 128), 128 where out_proj's 80 tiles of 160 would leave 52 SMs idle (35.7 against 43.5).
 Gluon has no interpreter: checked against the dequantising reference in the GPU tests, compiled for sm_90 by
 tests/aot_compile.py. Reference: layers.quant.dequantize_int4."""
 import torch
@@ -37,17 +47,19 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels import device as gpu
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
-from kernels.int4_gemv import flush_tile
+from kernels.int4_gemv import _prog_of
 from kernels.int4_wgmma import _a_operand, _hold, _pairs, layouts
-from kernels.splitk import split_share, workspace
+from kernels.splitk import workspace
 from layers.quant import Int4Weight
 
 WG_COLS = gl.constexpr(64)              # output columns per consumer warpgroup (the wgmma's M)
 CONSUMERS = gl.constexpr(2)
 TOKEN_TILES = ((128, 0), (128, 32))     # (BM, BM2) candidates: 128 or 160 tokens a CTA
 STAGES = 4
-MAX_SPLITS = 4
+MAX_SPLITS = 4                          # programs a tile is cut into (the last one sums their pieces in turn)
+STREAM_K_COST = 4400                    # group·tokens (~25 us on the H200): ranges across tiles, see above
 MIN_ROWS = 65                           # up to 64 rows int4_wgmma.py's launches are as fast or faster
+PIECES = "stream-K pieces"      # this kernel's workspace: partial tiles (any contents) and their counters
 MAXNREG = 168                           # 12 warps at one CTA per SM; setmaxnreg gives consumers 232, the loader 40
 
 
@@ -80,28 +92,99 @@ def _group(i, c: gl.constexpr, rings, full, acc, acc2, a_op: gl.constexpr, a_op2
 
 
 @gluon.jit
-def _store(acc, out_ptr, M, N, stride_om, c0, m0, BM: gl.constexpr, mma: gl.constexpr):
-    cols = c0 + gl.arange(0, WG_COLS, layout=gl.SliceLayout(1, mma))
-    tok = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-    gl.store(out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1),
-             acc.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
+def _block_ptrs(base, stride, r0, t0, BM: gl.constexpr, mma: gl.constexpr):
+    """Pointers of a [64 columns, BM tokens] block (mma layout) from column r0 and token t0, tokens `stride` apart,
+    columns 1 apart: (pointers, columns, tokens)."""
+    cols = r0 + gl.arange(0, WG_COLS, layout=gl.SliceLayout(1, mma))
+    tok = t0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+    return base + gl.expand_dims(tok, 0) * stride + gl.expand_dims(cols, 1), cols, tok
 
 
 @gluon.jit
-def _consumer(c: gl.constexpr, rings, bars, args, split_args, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
-              a_op2: gl.constexpr, words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr,
-              STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT: gl.constexpr):
+def _store(acc, out_ptr, M, N, stride_om, c0, m0, BM: gl.constexpr, mma: gl.constexpr):
+    ptrs, cols, tok = _block_ptrs(out_ptr, stride_om, c0, m0, BM, mma)
+    gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
+
+
+@gluon.jit
+def _piece(ws_ptr, slot, c: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr, mma: gl.constexpr,
+           mma2: gl.constexpr):
+    """Consumer c's part of a partial-tile slot in the workspace: pointers of its [64, BM] and [64, BM2] blocks
+    (fp32, laid out as the output: columns fastest; the BM block's pointers stand in for the second without BM2)."""
+    base = ws_ptr + (slot * CONSUMERS + c) * (WG_COLS * (BM + BM2))
+    ptrs, _, _ = _block_ptrs(base, WG_COLS, 0, 0, BM, mma)
+    ptrs2 = ptrs
+    if BM2 > 0:
+        ptrs2, _, _ = _block_ptrs(base + WG_COLS * BM, WG_COLS, 0, 0, BM2, mma2)
+    return ptrs, ptrs2
+
+
+@gluon.jit
+def _finish(acc, acc2, c: gl.constexpr, t, seg_lo, seg_hi, args, mma: gl.constexpr, mma2: gl.constexpr,
+            BM: gl.constexpr, BM2: gl.constexpr, WHOLE: gl.constexpr):
+    """Consumer c's 64 columns of tile t, summed over the work units seg_lo … seg_hi − 1: stored when those are
+    all of the tile's; else left as this program's piece of the tile (slot 2·program for the first tile of its
+    range, + 1 for its last), and the program arriving last at the tile's counter adds all its pieces in the
+    order of the programs (the same bits whichever arrives last) and stores the sum."""
+    out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
+    P = gl.num_programs(0)
+    pid = gl.program_id(0)
+    c0 = t // m_tiles * (CONSUMERS * WG_COLS) + c * WG_COLS
+    m0 = t % m_tiles * (BM + BM2)
+    t_lo = t * per_tile
+    if WHOLE or ((seg_lo == t_lo) & (seg_hi == t_lo + per_tile)):
+        _store(acc, out_ptr, M, N, stride_om, c0, m0, BM, mma)
+        if BM2 > 0:
+            _store(acc2, out_ptr, M, N, stride_om, c0, m0 + BM, BM2, mma2)
+    else:
+        slot = 2 * pid + 1
+        if seg_lo == pid * units // P:
+            slot = 2 * pid
+        ptrs, ptrs2 = _piece(ws_ptr, slot, c, BM, BM2, mma, mma2)
+        gl.store(ptrs, acc)
+        if BM2 > 0:
+            gl.store(ptrs2, acc2)
+        gl.thread_barrier()                     # every thread's piece precedes the release below
+        first = _prog_of(t_lo, P, units)
+        last = _prog_of(t_lo + per_tile - 1, P, units)
+        counter = cnt_ptr + t * CONSUMERS + c
+        if gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
+            acc = gl.zeros_like(acc)
+            acc2 = gl.zeros_like(acc2)
+            for q in range(first, last + 1):    # program q's piece: its first tile's slot, or its last one's
+                q_slot = 2 * q + 1
+                if q * units // P >= t_lo:
+                    q_slot = 2 * q
+                ptrs, ptrs2 = _piece(ws_ptr, q_slot, c, BM, BM2, mma, mma2)
+                acc += gl.load(ptrs, cache_modifier=".cg")          # at L2: other SMs wrote it
+                if BM2 > 0:
+                    acc2 += gl.load(ptrs2, cache_modifier=".cg")
+            _store(acc, out_ptr, M, N, stride_om, c0, m0, BM, mma)
+            if BM2 > 0:
+                _store(acc2, out_ptr, M, N, stride_om, c0, m0 + BM, BM2, mma2)
+            gl.atomic_xchg(counter, 0, sem="relaxed")               # zero again for the next launch
+
+
+@gluon.jit
+def _segment(c: gl.constexpr, t, seg_lo, seg_hi, u_lo, rings, bars, args, mma: gl.constexpr, mma2: gl.constexpr,
+             a_op: gl.constexpr, a_op2: gl.constexpr, words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr,
+             BM2: gl.constexpr, STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr,
+             WHOLE: gl.constexpr):
+    """Consumer c's 64 columns of tile t over the work units seg_lo … seg_hi − 1 of the program's range, which
+    starts at u_lo: group i of the range is ring stage i % STAGES."""
     full, empty = bars
-    out_ptr, M, N, stride_om, n0, m0, n_groups, g_lo = args      # groups g_lo … g_lo + n_groups − 1 of K
+    UNIT: gl.constexpr = 2 if OVERLAP else 1
+    i0 = (seg_lo - u_lo) * UNIT
+    i1 = (seg_hi - u_lo) * UNIT
     acc = gl.zeros([WG_COLS, BM], gl.float32, mma)
     acc2 = gl.zeros([WG_COLS, BM2 if BM2 > 0 else BM], gl.float32, mma2)      # unused without BM2
     if OVERLAP:
         zeros = gl.zeros([WG_COLS // 16, 2, 8, 4, 4], gl.int32, words)
         held = _pairs(zeros, zeros, DT)
-        for i in range(0, n_groups, 2):         # pairs, so that each A register set is fixed
+        for i in range(i0, i1, 2):          # pairs, so that each A register set is fixed
             acc, acc2, p0 = _group(i, c, rings, full, acc, acc2, a_op, a_op2, words, flat, BM2, STAGES, DT, 1)
             _hold(held)
-            _release(i - 1, empty, STAGES, i > 0)
+            _release(i - 1, empty, STAGES, i > i0)
             acc, acc2, held = _group(i + 1, c, rings, full, acc, acc2, a_op, a_op2, words, flat, BM2, STAGES, DT, 1)
             _hold(p0)
             _release(i, empty, STAGES, True)
@@ -110,52 +193,68 @@ def _consumer(c: gl.constexpr, rings, bars, args, split_args, mma: gl.constexpr,
         else:
             acc = warpgroup_mma_wait(0, deps=[acc])
         _hold(held)
-        _release(n_groups - 1, empty, STAGES, True)
+        _release(i1 - 1, empty, STAGES, True)
     else:
-        for i in range(n_groups):
+        for i in range(i0, i1):
             acc, acc2, _ = _group(i, c, rings, full, acc, acc2, a_op, a_op2, words, flat, BM2, STAGES, DT, 0)
             _release(i, empty, STAGES, True)
-    if SPLIT:       # the K ranges of a tile meet in the workspace (fp64: the same bits in any order of arrival)
-        ws_ptr, cnt_ptr, k_groups, m_tile = split_args
-        tile = n0 // WG_COLS + c                                    # in 64-column tiles
-        tiles = gl.cdiv(N, CONSUMERS * WG_COLS) * CONSUMERS
-        flush_tile(acc, tile, n_groups, k_groups, out_ptr + m0 * stride_om, ws_ptr + 2 * m0 * N,
-                   cnt_ptr + 2 * m_tile * tiles, M - m0, N, stride_om, WG_COLS, BM, mma)
-        if BM2 > 0:
-            flush_tile(acc2, tile, n_groups, k_groups, out_ptr + (m0 + BM) * stride_om, ws_ptr + 2 * (m0 + BM) * N,
-                       cnt_ptr + (2 * m_tile + 1) * tiles, M - m0 - BM, N, stride_om, WG_COLS, BM2, mma2)
-    else:
-        c0 = n0 + c * WG_COLS
-        _store(acc, out_ptr, M, N, stride_om, c0, m0, BM, mma)
-        if BM2 > 0:
-            _store(acc2, out_ptr, M, N, stride_om, c0, m0 + BM, BM2, mma2)
+    _finish(acc, acc2, c, t, seg_lo, seg_hi, args, mma, mma2, BM, BM2, WHOLE)
 
 
 @gluon.jit
-def _first_consumer(rings, bars, args, split_args, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
+def _consumer(c: gl.constexpr, rings, bars, args, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
+              a_op2: gl.constexpr, words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr,
+              STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr, ONE_TILE: gl.constexpr):
+    """Consumer c's 64 columns of every tile the program's range of work units touches, one after another (with
+    ONE_TILE, programs = tiles: program i's range is tile i, whole)."""
+    out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
+    pid = gl.program_id(0)
+    if ONE_TILE:
+        u_lo = pid * per_tile
+        _segment(c, pid, u_lo, u_lo + per_tile, u_lo, rings, bars, args, mma, mma2, a_op, a_op2, words, flat, BM,
+                 BM2, STAGES, DT, OVERLAP, True)
+    else:
+        P = gl.num_programs(0)
+        u_lo = pid * units // P
+        u_hi = (pid + 1) * units // P
+        for t in range(u_lo // per_tile, (u_hi - 1) // per_tile + 1):
+            _segment(c, t, gl.maximum(u_lo, t * per_tile), gl.minimum(u_hi, (t + 1) * per_tile), u_lo, rings, bars,
+                     args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP, False)
+
+
+@gluon.jit
+def _first_consumer(rings, bars, args, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
                     a_op2: gl.constexpr, words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr,
                     BM2: gl.constexpr, STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr,
-                    SPLIT: gl.constexpr):
-    _consumer(0, rings, bars, args, split_args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP,
-              SPLIT)
+                    ONE_TILE: gl.constexpr):
+    _consumer(0, rings, bars, args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP, ONE_TILE)
 
 
 @gluon.jit
-def _worker(rings, bars, args, split_args, descs, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
+def _worker(rings, bars, args, descs, mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr,
             a_op2: gl.constexpr, words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr,
-            STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT: gl.constexpr, LOADER: gl.constexpr,
-            PDL: gl.constexpr):
+            STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr, ONE_TILE: gl.constexpr,
+            LOADER: gl.constexpr, PDL: gl.constexpr):
     """The worker partitions share one signature: the second consumer, or the loader."""
     if LOADER:
         words_ring, scales_ring, acts_ring, acts2_ring = rings
         full, empty = bars
-        out_ptr, M, N, stride_om, n0, m0, n_groups, g_lo = args
+        out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
         w_desc, s_desc, x_desc, x2_desc = descs
+        UNIT: gl.constexpr = 2 if OVERLAP else 1
         BN: gl.constexpr = CONSUMERS * WG_COLS
         nbytes: gl.constexpr = BN * 64 + BN * 2 + (BM + BM2) * 256
-        for i in range(n_groups):
+        k_groups = per_tile * UNIT
+        P = gl.num_programs(0)
+        pid = gl.program_id(0)
+        q_lo = pid * units // P * UNIT
+        for q in range(q_lo, (pid + 1) * units // P * UNIT):     # the range's groups, tile-major
+            i = q - q_lo
             s = i % STAGES
-            g = g_lo + i
+            t = q // k_groups
+            g = q % k_groups
+            n0 = t // m_tiles * BN
+            m0 = t % m_tiles * (BM + BM2)
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(full.index(s), nbytes)
             tma.async_copy_global_to_shared(w_desc, [g * N + n0, 0], full.index(s), words_ring.index(s))
@@ -168,31 +267,24 @@ def _worker(rings, bars, args, split_args, descs, mma: gl.constexpr, mma2: gl.co
             if BM2 > 0:
                 tma.async_copy_global_to_shared(x2_desc, [m0 + BM, g * 128], full.index(s), acts2_ring.index(s))
     else:
-        _consumer(1, rings, bars, args, split_args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT,
-                  OVERLAP, SPLIT)
+        _consumer(1, rings, bars, args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP, ONE_TILE)
 
 
 @gluon.jit
-def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_om, m_tiles, splits,
+def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_om, m_tiles,
                     mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr, a_op2: gl.constexpr,
                     words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr,
-                    STAGES: gl.constexpr, OVERLAP: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr):
+                    STAGES: gl.constexpr, OVERLAP: gl.constexpr, ONE_TILE: gl.constexpr, PDL: gl.constexpr):
     # Descriptors (host TMA): words = qweight [K/128 · N, 16] int32, block [BN, 16]; scales [K/128, N], block
     # [1, BN]; x [M, K] bf16/fp16, blocks [BM, 128] and [BM2, 128] (rows past M read as zeros); out [M, N] any float
-    # dtype (row stride stride_om); ws fp32 [2·M·N] (as fp64 [M, N]) and cnt int32 [2 · m_tiles · N / 64] zeroed
-    # (kernels/splitk.py). Grid (n_tiles · splits · m_tiles,): program = (n_tile · splits + split) · m_tiles + m_tile;
-    # a split holds an equal share of the groups (in pairs with OVERLAP: the host checks none is empty).
+    # dtype (row stride stride_om); ws fp32 [2 · programs · BN · (BM + BM2)] (partial-tile pieces, any contents),
+    # cnt int32 [tiles · 2] zeroed (kernels/splitk.py). Tiles: tile = n_tile · m_tiles + m_tile, [BN, BM + BM2]
+    # each. Grid (programs,): the work units (tile, group or pair of groups), tile-major, cut into one equal range
+    # per program.
     DT: gl.constexpr = x_desc.dtype
     BN: gl.constexpr = CONSUMERS * WG_COLS
-    pid = gl.program_id(0)
-    m_tile = pid % m_tiles
-    split = (pid // m_tiles) % splits
-    m0 = m_tile * (BM + BM2)
-    n0 = pid // (m_tiles * splits) * BN
-    k_groups = K // 128
-    per_split = 2 * gl.cdiv(k_groups // 2, splits) if OVERLAP else gl.cdiv(k_groups, splits)
-    g_lo = split * per_split
-    n_local = gl.minimum(g_lo + per_split, k_groups) - g_lo
+    per_tile = K // 128 // (2 if OVERLAP else 1)
+    units = gl.cdiv(N, BN) * m_tiles * per_tile
     words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 16], w_desc.layout)
     scales_ring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
     acts_ring = gl.allocate_shared_memory(DT, [STAGES, BM, 128], x_desc.layout)
@@ -204,45 +296,44 @@ def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, ws_ptr, cnt_ptr, M
         mbarrier.init(empty.index(i), count=CONSUMERS)      # one arrival per consumer warpgroup
     rings = (words_ring, scales_ring, acts_ring, acts2_ring)
     bars = (full, empty)
-    args = (out_ptr, M, N, stride_om, n0, m0, n_local, g_lo)
-    split_args = (ws_ptr, cnt_ptr, k_groups, m_tile)
+    args = (out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units)
     descs = (w_desc, s_desc, x_desc, x2_desc)
     gl.warp_specialize([
-        (_first_consumer, (rings, bars, args, split_args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT,
-                           OVERLAP, SPLIT)),
-        (_worker, (rings, bars, args, split_args, descs, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT,
-                   OVERLAP, SPLIT, False, PDL)),
-        (_worker, (rings, bars, args, split_args, descs, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT,
-                   OVERLAP, SPLIT, True, PDL)),
+        (_first_consumer, (rings, bars, args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP,
+                           ONE_TILE)),
+        (_worker, (rings, bars, args, descs, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP,
+                   ONE_TILE, False, PDL)),
+        (_worker, (rings, bars, args, descs, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP,
+                   ONE_TILE, True, PDL)),
     ], [4, 1], [232, 40])
 
 
 def launch(m: int, n: int, k: int, sms: int):
-    """(BM, BM2, splits) for m rows, or None where this kernel does not take the call: the token tile and K split
-    whose waves take the least time (waves of one CTA per SM times the tokens and groups a CTA holds), if its CTAs
-    fill at least half the SMs. K is split (an equal share of the groups each, in pairs where they pair up) only
-    while the CTAs still fit one wave: the split tiles' fp64 flush is paid in atomics (H200, attn at 320 rows in
-    4 splits: 216 against 78 us unsplit; down at 80 rows in 3: 44 against 91)."""
+    """(BM, BM2, programs) for m rows, or None where int4_wgmma.py keeps the call (below MIN_ROWS, or programs
+    that would fill less than half the SMs): the token tile and cut of the work whose busiest program holds the
+    fewest group·tokens — one tile a program (in waves of one a SM), each tile cut in 2 to MAX_SPLITS programs
+    while they fit one wave, or stream-K (one program a SM, ranges across tiles: charged STREAM_K_COST more)."""
     if m < MIN_ROWS:
         return None
-    n_tiles = triton.cdiv(n, CONSUMERS.value * WG_COLS.value)
     groups = k // 128
     unit = 2 if groups % 2 == 0 else 1                  # the overlapped loop's pairs
     best = None
     for tile in TOKEN_TILES:
-        tiles = n_tiles * triton.cdiv(m, sum(tile))
-        for splits in range(1, max(1, min(MAX_SPLITS, sms // tiles)) + 1):
-            per = split_share(groups, splits, unit)
-            if not per:                                 # an empty split
-                continue
-            cost = triton.cdiv(tiles * splits, sms) * sum(tile) * per
-            if best is None or cost < best[0]:
-                best = (cost, tiles * splits, tile + (splits,))
-    return best[2] if 2 * best[1] >= sms else None
+        tokens = sum(tile)
+        tiles = triton.cdiv(n, CONSUMERS.value * WG_COLS.value) * triton.cdiv(m, tokens)
+        cuts = [(triton.cdiv(tiles, sms) * groups, tiles)]
+        cuts += [(triton.cdiv(groups // unit, s) * unit, tiles * s) for s in range(2, MAX_SPLITS + 1)
+                 if tiles * s <= sms and s <= groups // unit]
+        if tiles % sms:
+            cuts.append((tiles * groups / sms + STREAM_K_COST / tokens, sms))
+        for held, programs in cuts:
+            if best is None or held * tokens < best[0]:
+                best = (held * tokens, tile + (programs,))
+    return best[1] if 2 * best[1][2] >= sms else None
 
 
 def pick(x: torch.Tensor, w: Int4Weight):
-    """The (BM, BM2, splits) launch for this call, or None where int4_wgmma.py keeps it: `launch`'s choice, when
+    """The (BM, BM2, programs) launch for this call, or None where int4_wgmma.py keeps it: `launch`'s choice, when
     x's rows meet TMA's alignment (16-byte base and row stride). For calls int4_wgmma.supports takes."""
     x2 = x.reshape(-1, x.shape[-1])
     aligned = x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0
@@ -252,18 +343,20 @@ def pick(x: torch.Tensor, w: Int4Weight):
 def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple, overlap: bool = None,
                   stages: int = STAGES) -> torch.Tensor:
     """x [..., K] bf16/fp16 (rows TMA-aligned: pick), w symmetric with group 128, out [..., N] any float dtype:
-    out = x @ Wᵀ. cfg = (BM, BM2, splits) as `pick` chooses; overlap (default: wherever the groups pair up) needs
-    an even number of groups."""
+    out = x @ Wᵀ. cfg = (BM, BM2, programs) as `pick` chooses (programs: at most one per work unit); overlap
+    (default: wherever the groups pair up) needs an even number of groups."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     out2 = out.view(-1, n)
     m = x2.shape[0]
-    bm, bm2, splits = cfg
+    bm, bm2, programs = cfg
     overlap = k % 256 == 0 if overlap is None else overlap
     assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
     assert not overlap or k % 256 == 0, "overlap: groups in pairs"
-    assert split_share(k // 128, splits, 2 if overlap else 1), "an empty split"
     bn = CONSUMERS.value * WG_COLS.value
+    m_tiles = triton.cdiv(m, bm + bm2)
+    tiles = triton.cdiv(n, bn) * m_tiles
+    assert 0 < programs <= tiles * (k // 128 // (2 if overlap else 1)), "a program without work"
     plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     w_desc = TensorDescriptor.from_tensor(w.qweight.view(-1, 16), [bn, 16], plain)
     s_desc = TensorDescriptor.from_tensor(w.scales, [1, bn],
@@ -276,10 +369,9 @@ def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple,
         x2_desc = TensorDescriptor.from_tensor(x2, [bm2, 128], x_layout)
         mma2, a_op2, _ = layouts(WG_COLS.value, bm2, 4)
     flat = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    m_tiles = triton.cdiv(m, bm + bm2)
-    ws, cnt = workspace(x.device, 2 * m * n, 2 * m_tiles * triton.cdiv(n, bn) * CONSUMERS.value)   # fp64 [M, N]
+    ws, cnt = workspace(x.device, 2 * programs * bn * (bm + bm2), tiles * CONSUMERS.value, PIECES)
     pdl = gpu.pdl(x.device)
-    _int4_ws_kernel[(triton.cdiv(n, bn) * splits * m_tiles,)](
-        w_desc, s_desc, x_desc, x2_desc, out2, ws, cnt, m, n, k, out2.stride(0), m_tiles, splits, mma, mma2, a_op,
-        a_op2, words, flat, bm, bm2, stages, overlap, splits > 1, pdl, num_warps=4, maxnreg=MAXNREG, launch_pdl=pdl)
+    _int4_ws_kernel[(programs,)](
+        w_desc, s_desc, x_desc, x2_desc, out2, ws, cnt, m, n, k, out2.stride(0), m_tiles, mma, mma2, a_op, a_op2,
+        words, flat, bm, bm2, stages, overlap, programs == tiles, pdl, num_warps=4, maxnreg=MAXNREG, launch_pdl=pdl)
     return out

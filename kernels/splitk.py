@@ -50,19 +50,20 @@ def split_share(groups: int, splits: int, unit: int = 1) -> int:
     return per if (splits - 1) * per < groups else 0
 
 
-_WORKSPACES = {}   # device → (fp32 workspace, int32 counters); grown, never shrunk, old ones kept alive
+_WORKSPACES = {}   # (device, name) → (fp32 workspace, int32 counters); grown, never shrunk, old ones kept alive
 
 
-def workspace(device, numel: int, tiles: int):
-    """Zeroed fp32 workspace of ≥ numel elements and ≥ tiles int32 counters on `device`. Call once with the
-    largest sizes before capturing graphs; growing it later allocates (older buffers stay referenced, so graphs
-    captured with them remain valid)."""
-    key = torch.device(device)
+def workspace(device, numel: int, tiles: int, name: str = "sums"):
+    """Zeroed fp32 workspace of ≥ numel elements and ≥ tiles int32 counters on `device`, one per name (kernels
+    whose workspace need not be zero again after them keep their own). Call once with the largest sizes before
+    capturing graphs; growing it later allocates (older buffers stay referenced, so graphs captured with them
+    remain valid)."""
+    key = (torch.device(device), name)
     ws, cnt, old = _WORKSPACES.get(key, (None, None, []))
     if ws is None or ws.numel() < numel or cnt.numel() < tiles:
         if ws is not None:
             old.append((ws, cnt))
-        ws = torch.zeros(max(numel, 0 if ws is None else ws.numel()), dtype=torch.float32, device=key)
-        cnt = torch.zeros(max(tiles, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=key)
+        ws = torch.zeros(max(numel, 0 if ws is None else ws.numel()), dtype=torch.float32, device=key[0])
+        cnt = torch.zeros(max(tiles, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=key[0])
         _WORKSPACES[key] = (ws, cnt, old)
     return ws, cnt

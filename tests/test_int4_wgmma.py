@@ -7,7 +7,7 @@ import torch
 
 from kernels.int4_linear import int4_linear
 from kernels.int4_wgmma import MIN_ROWS, int4_wgmma, pick, supports
-from kernels.int4_wgmma_ws import int4_wgmma_ws, pick as ws_pick
+from kernels.int4_wgmma_ws import PIECES, int4_wgmma_ws, pick as ws_pick
 from kernels.splitk import workspace
 from layers.quant import Int4Weight, dequantize_int4, quantize_int4
 from tests.fixtures import rel_err
@@ -57,6 +57,7 @@ def assert_case(run, m, n, k, xdt, sdt):
     assert rel_err(out, x.float() @ dequantize_int4(w).T) < 4e-3
     ws, cnt = workspace(x.device, 1, 1)
     assert not ws.any() and not cnt.any()                                # split tiles leave the workspace zeroed
+    assert not workspace(x.device, 1, 1, PIECES)[1].any()                # and the stream-K counters
 
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)
@@ -79,18 +80,21 @@ def test_int4_wgmma_graph_replay():
 
 
 # The warp-specialised form: M ragged in both token tiles (the 32-token sub-tile partly or wholly past M, a last
-# tile of one row), N with a ragged column tile, odd group counts (no overlap) and even ones (overlap), both dtypes,
-# split-K in groups (9 groups as 5 + 4) and in pairs (9 pairs as 3 + 3 + 3, 4 pairs as 1 + 1 + 1 + 1)
+# tile of one row), N with a ragged column tile, odd group counts (units of one group, no overlap) and even ones
+# (units of a pair, overlap), both dtypes; programs whose ranges hold whole tiles only, ranges cutting tiles in 2-9
+# pieces, ranges inside one tile (both ends partial), one unit a program, one program for everything, one tile a
+# program
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg,overlap", [
     (65, 136, 384, torch.bfloat16, torch.float16, (128, 0, 1), False),
-    (200, 264, 1024, torch.float16, torch.bfloat16, (128, 32, 1), True),
-    (321, 520, 1152, torch.bfloat16, torch.float16, (128, 32, 1), False),
-    (150, 1032, 2304, torch.bfloat16, torch.bfloat16, (128, 32, 1), True),
-    (320, 392, 640, torch.float16, torch.float16, (128, 0, 1), False),
-    (257, 136, 512, torch.bfloat16, torch.float16, (128, 0, 1), True),
-    (321, 520, 1152, torch.bfloat16, torch.float16, (128, 32, 2), False),
-    (150, 1032, 2304, torch.float16, torch.bfloat16, (128, 32, 3), True),
-    (90, 264, 1024, torch.bfloat16, torch.float16, (128, 0, 4), True),
+    (200, 264, 1024, torch.float16, torch.bfloat16, (128, 32, 5), True),
+    (321, 520, 1152, torch.bfloat16, torch.float16, (128, 32, 7), False),
+    (150, 1032, 2304, torch.bfloat16, torch.bfloat16, (128, 32, 81), True),
+    (320, 392, 640, torch.float16, torch.float16, (128, 0, 2), False),
+    (257, 136, 512, torch.bfloat16, torch.float16, (128, 0, 3), True),
+    (321, 520, 1152, torch.bfloat16, torch.float16, (128, 32, 13), False),
+    (150, 1032, 2304, torch.float16, torch.bfloat16, (128, 32, 40), True),
+    (90, 264, 1024, torch.bfloat16, torch.float16, (128, 0, 11), True),
+    (130, 264, 768, torch.float16, torch.float16, (128, 0, 6), True),
 ])
 def test_int4_wgmma_ws(m, n, k, xdt, sdt, cfg, overlap):
     assert_case(lambda x, w, out: int4_wgmma_ws(x, w, out, cfg, overlap=overlap), m, n, k, xdt, sdt)
@@ -99,8 +103,7 @@ def test_int4_wgmma_ws(m, n, k, xdt, sdt, cfg, overlap):
 @pytest.mark.parametrize("n,k", SHAPES_27B)
 @pytest.mark.parametrize("m", [80, 320])
 def test_int4_linear_ws_27b(m, n, k):
-    """16 and 64 sequences verifying 4 drafts: int4_linear takes the warp-specialised form at every 27B shape
-    (split-K for out_proj and down at 80 rows)."""
+    """16 and 64 sequences verifying 4 drafts: int4_linear takes the warp-specialised form at every 27B shape."""
     x, w = int4_case(m, n, k, torch.bfloat16, torch.float16, m + n + k)
     assert ws_pick(x, w) is not None
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -108,10 +111,15 @@ def test_int4_linear_ws_27b(m, n, k):
     assert rel_err(out, rounded_ref(x, w)) < 6e-3
 
 
-@pytest.mark.parametrize("m,n,k,cfg", [(320, 16384, 5120, (128, 32, 1)), (80, 5120, 6144, (128, 0, 3))])
-def test_int4_wgmma_ws_graph_replay(m, n, k, cfg):
+@pytest.mark.parametrize("m,n,k,kind", [(320, 16384, 5120, "tiles"), (80, 5120, 6144, "pieces"),
+                                         (200, 5120, 17408, "stream-K")])
+def test_int4_wgmma_ws_graph_replay(m, n, k, kind):
+    """Each cut of the work as the H200's launch picks it: one tile a program (qkvz at 320 rows), tiles cut in
+    pieces (out_proj at 80), stream-K (down at 200)."""
     x = torch.randn(m, k + 128, device="cuda").bfloat16()[:, 64:64 + k]            # row stride k + 128
     w = quantize_int4(torch.randn(n, k, device="cuda"))
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    assert ws_pick(x, w) == cfg
+    bm, bm2, programs = ws_pick(x, w)
+    tiles = -(-n // 128) * -(-m // (bm + bm2))
+    assert kind == ("tiles" if programs == tiles else "pieces" if programs % tiles == 0 else "stream-K")
     check_graph_replay(lambda: int4_linear(x, w, out=out), x, out, lambda x: rounded_ref(x, w))
