@@ -24,8 +24,11 @@ measured at ~1 TB/s) and stores the sum. `launch` picks among three cuts: one ti
 each tile in 2-4 pieces while those fit one wave (out_proj and down up to ~160 rows), and stream-K, one program a
 SM with ranges across tile boundaries — charged STREAM_K_COST group·tokens more: on the H200 such ranges cost
 14-27 us a launch beyond their work (qkvz at 80 rows on 132 programs 48.0 against 35.2 on 128 whole tiles, 41.1
-with the pieces not even written: the cost is not the fix-up; cause not found), so stream-K only pays where whole
-tiles leave much of a wave idle (gate_up: 272 or 544 tiles on 132 SMs; down at 200 rows: 80 tiles).
+with the pieces not even written: the cost is not the fix-up; nor is it that programs start mid-tile, out of step
+through K: ranges rotated to start at their first tile boundary took 47.0; ncu, 132 programs against 128: SM
+active cycles 79.5k against 56.0k, instructions 10.2M against 8.4M, L2 reads from the SMs 164 against 101 MB of
+which the pieces' re-reads are 17, the stall mix alike; cause not found), so stream-K only pays where whole tiles
+leave much of a wave idle (gate_up: 272 or 544 tiles on 132 SMs; down at 200 rows: 80 tiles).
 H200 (us; cuBLAS bf16 / this kernel's previous form, one tile or fp64-summed splits a CTA / this, one run):
 80 rows out_proj 19.2 / 23.8 / 22.9, gate_up 94.6 / 95.8 / 90.5, down 54.0 / 49.8 / 47.8; 128 rows out_proj 20.5 /
 28.0 / 23.6, gate_up 91.7 / 96.2 / 79.8, down 55.7 / 49.8 / 45.3; 200 rows gate_up 112.6 / 169.3 / 149.8, down 61.6 /
