@@ -62,7 +62,7 @@ STAGES = 4
 MAX_SPLITS = 4                          # programs a tile is cut into (the last one sums their pieces in turn)
 STREAM_K_COST = 4400                    # group·tokens (~25 us on the H200): ranges across tiles, see above
 MIN_ROWS = 65                           # up to 64 rows int4_wgmma.py's launches are as fast or faster
-PIECES = "stream-K pieces"      # this kernel's workspace: partial tiles (any contents) and their counters
+PIECES = "stream-K pieces"               # this kernel's workspace: partial tiles (any contents) and their counters
 MAXNREG = 168                           # 12 warps at one CTA per SM; setmaxnreg gives consumers 232, the loader 40
 
 
