@@ -28,7 +28,9 @@ with the pieces not even written: the cost is not the fix-up; nor is it that pro
 through K: ranges rotated to start at their first tile boundary took 47.0; ncu, 132 programs against 128: SM
 active cycles 79.5k against 56.0k, instructions 10.2M against 8.4M, L2 reads from the SMs 164 against 101 MB of
 which the pieces' re-reads are 17, the stall mix alike; cause not found), so stream-K only pays where whole tiles
-leave much of a wave idle (gate_up: 272 or 544 tiles on 132 SMs; down at 200 rows: 80 tiles).
+leave much of a wave idle (gate_up: 272 or 544 tiles on 132 SMs; down at 200 rows: 80 tiles). The pieces stored
+tokens-fastest (8-byte stores and loads, half the instructions) timed the same (qkvz at 80 rows on 132 programs
+48.5-48.7 against 48.5; gate_up at 320 rows 187.6-191.0 against 181.0-181.5).
 H200 (us; cuBLAS bf16 / this kernel's previous form, one tile or fp64-summed splits a CTA / this, one run):
 80 rows out_proj 19.2 / 23.8 / 22.9, gate_up 94.6 / 95.8 / 90.5, down 54.0 / 49.8 / 47.8; 128 rows out_proj 20.5 /
 28.0 / 23.6, gate_up 91.7 / 96.2 / 79.8, down 55.7 / 49.8 / 45.3; 200 rows gate_up 112.6 / 169.3 / 149.8, down 61.6 /
