@@ -261,8 +261,14 @@ def flush_tile(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stri
 
 
 @gluon.jit
+def _range_start(p, P, units):
+    """The first work unit of program p's range: `units` cut into P equal contiguous ranges (p = P: the end)."""
+    return p * units // P
+
+
+@gluon.jit
 def _prog_of(u, P, units):
-    """The program whose range holds work unit u (ranges as the kernel cuts them)."""
+    """The program whose range holds work unit u (ranges as _range_start cuts them)."""
     return ((u + 1) * P - 1) // units
 
 
@@ -327,8 +333,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     n_groups = K // 128
     units = gl.cdiv(N, BN) * n_groups
     pid = gl.program_id(0)
-    u_lo = pid * units // gl.num_programs(0)
-    u_hi = (pid + 1) * units // gl.num_programs(0)
+    u_lo = _range_start(pid, gl.num_programs(0), units)
+    u_hi = _range_start(pid + 1, gl.num_programs(0), units)
 
     cr = _arange3(BN, 0, c_layout)
     ct = _arange3(4, 1, c_layout)

@@ -52,7 +52,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels import device as gpu
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
-from kernels.int4_gemv import _prog_of
+from kernels.int4_gemv import _prog_of, _range_start
 from kernels.int4_wgmma import _a_operand, _hold, _pairs, layouts
 from kernels.splitk import workspace
 from layers.quant import Int4Weight
@@ -97,6 +97,12 @@ def _group(i, c: gl.constexpr, rings, full, acc, acc2, a_op: gl.constexpr, a_op2
 
 
 @gluon.jit
+def _tile_origin(t, m_tiles, BM: gl.constexpr, BM2: gl.constexpr):
+    """Tile t's first column and first token (tile = n_tile · m_tiles + m_tile)."""
+    return t // m_tiles * (CONSUMERS * WG_COLS), t % m_tiles * (BM + BM2)
+
+
+@gluon.jit
 def _block_ptrs(base, stride, r0, t0, BM: gl.constexpr, mma: gl.constexpr):
     """Pointers of a [64 columns, BM tokens] block (mma layout) from column r0 and token t0, tokens `stride` apart,
     columns 1 apart: (pointers, columns, tokens)."""
@@ -134,8 +140,8 @@ def _finish(acc, acc2, c: gl.constexpr, t, seg_lo, seg_hi, args, mma: gl.constex
     out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
     P = gl.num_programs(0)
     pid = gl.program_id(0)
-    c0 = t // m_tiles * (CONSUMERS * WG_COLS) + c * WG_COLS
-    m0 = t % m_tiles * (BM + BM2)
+    n0, m0 = _tile_origin(t, m_tiles, BM, BM2)
+    c0 = n0 + c * WG_COLS
     t_lo = t * per_tile
     if WHOLE or ((seg_lo == t_lo) & (seg_hi == t_lo + per_tile)):
         _store(acc, out_ptr, M, N, stride_om, c0, m0, BM, mma)
@@ -143,7 +149,7 @@ def _finish(acc, acc2, c: gl.constexpr, t, seg_lo, seg_hi, args, mma: gl.constex
             _store(acc2, out_ptr, M, N, stride_om, c0, m0 + BM, BM2, mma2)
     else:
         slot = 2 * pid + 1
-        if seg_lo == pid * units // P:
+        if seg_lo == _range_start(pid, P, units):
             slot = 2 * pid
         ptrs, ptrs2 = _piece(ws_ptr, slot, c, BM, BM2, mma, mma2)
         gl.store(ptrs, acc)
@@ -158,7 +164,7 @@ def _finish(acc, acc2, c: gl.constexpr, t, seg_lo, seg_hi, args, mma: gl.constex
             acc2 = gl.zeros_like(acc2)
             for q in range(first, last + 1):    # program q's piece: its first tile's slot, or its last one's
                 q_slot = 2 * q + 1
-                if q * units // P >= t_lo:
+                if _range_start(q, P, units) >= t_lo:
                     q_slot = 2 * q
                 ptrs, ptrs2 = _piece(ws_ptr, q_slot, c, BM, BM2, mma, mma2)
                 acc += gl.load(ptrs, cache_modifier=".cg")          # at L2: other SMs wrote it
@@ -220,8 +226,8 @@ def _consumer(c: gl.constexpr, rings, bars, args, mma: gl.constexpr, mma2: gl.co
                  BM2, STAGES, DT, OVERLAP, True)
     else:
         P = gl.num_programs(0)
-        u_lo = pid * units // P
-        u_hi = (pid + 1) * units // P
+        u_lo = _range_start(pid, P, units)
+        u_hi = _range_start(pid + 1, P, units)
         for t in range(u_lo // per_tile, (u_hi - 1) // per_tile + 1):
             _segment(c, t, gl.maximum(u_lo, t * per_tile), gl.minimum(u_hi, (t + 1) * per_tile), u_lo, rings, bars,
                      args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP, False)
@@ -252,14 +258,13 @@ def _worker(rings, bars, args, descs, mma: gl.constexpr, mma2: gl.constexpr, a_o
         k_groups = per_tile * UNIT
         P = gl.num_programs(0)
         pid = gl.program_id(0)
-        q_lo = pid * units // P * UNIT
-        for q in range(q_lo, (pid + 1) * units // P * UNIT):     # the range's groups, tile-major
+        q_lo = _range_start(pid, P, units) * UNIT
+        for q in range(q_lo, _range_start(pid + 1, P, units) * UNIT):     # the range's groups, tile-major
             i = q - q_lo
             s = i % STAGES
             t = q // k_groups
             g = q % k_groups
-            n0 = t // m_tiles * BN
-            m0 = t % m_tiles * (BM + BM2)
+            n0, m0 = _tile_origin(t, m_tiles, BM, BM2)
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(full.index(s), nbytes)
             tma.async_copy_global_to_shared(w_desc, [g * N + n0, 0], full.index(s), words_ring.index(s))

@@ -44,7 +44,7 @@ def split_count(tiles: int, groups: int, ctas_per_sm: int, sms: int) -> int:
 
 
 def split_share(groups: int, splits: int, unit: int = 1) -> int:
-    """Groups per K-split as the int4 wgmma kernels cut K (whole units of `unit` groups: 2 for their overlapped
+    """Groups per K-split as kernels/int4_wgmma.py cuts K (whole units of `unit` groups: 2 for their overlapped
     pairs; the last split takes what is left), or 0 where that cut leaves a split empty."""
     per = unit * triton.cdiv(groups // unit, splits)
     return per if (splits - 1) * per < groups else 0
