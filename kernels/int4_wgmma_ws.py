@@ -17,29 +17,37 @@ cuBLAS bf16 (H200). Here a CTA is three partitions that meet only at mbarriers:
 BM2 exists because Gluon tensors have power-of-2 shapes: 320 rows are two 160-token tiles (128 + 32).
 How the work is cut: the work units (tile, group — or pair of groups with OVERLAP), tile-major, are cut into one
 equal range per program; the loader streams its range's groups through the ring without a break, the consumers
-sum each tile segment of it and store a whole tile, or leave a partial one as a piece in the workspace (fp32;
-slot 2·program for the first tile of its range, + 1 for its last) and bump the tile's counter: the program
-arriving last adds the tile's pieces in program order (the same bits whichever arrives last; fp64 atomics were
-measured at ~1 TB/s) and stores the sum. `launch` picks among three cuts: one tile a program (waves of one a SM),
+sum each tile segment of it and store a whole tile, or finish a partial one (`_finish`): where the tile's counter
+shows its other pieces all in (the end of a range: the tile's tail was the next range's first work, long done),
+the program adds them to its own and stores the sum; else it leaves its piece in the workspace (fp32; slot
+2·program for the first tile of its range, + 1 for its last) and bumps the counter, and the last to arrive adds
+the pieces. Pieces are added in program order, one's own from registers (the same bits whichever sums them;
+fp64 atomics were measured at ~1 TB/s). `launch` picks among three cuts: one tile a program (waves of one a SM),
 each tile in 2-4 pieces while those fit one wave (out_proj and down up to ~160 rows), and stream-K, one program a
-SM with ranges across tile boundaries — charged STREAM_K_COST group·tokens more: on the H200 such ranges cost
-14-27 us a launch beyond their work (qkvz at 80 rows on 132 programs 48.0 against 35.2 on 128 whole tiles, 41.1
-with the pieces not even written: the cost is not the fix-up; nor is it that programs start mid-tile, out of step
-through K: ranges rotated to start at their first tile boundary took 47.0; ncu, 132 programs against 128: SM
-active cycles 79.5k against 56.0k, instructions 10.2M against 8.4M, L2 reads from the SMs 164 against 101 MB of
-which the pieces' re-reads are 17, the stall mix alike; cause not found), so stream-K only pays where whole tiles
-leave much of a wave idle (gate_up: 272 or 544 tiles on 132 SMs; down at 200 rows: 80 tiles). The pieces stored
-tokens-fastest (8-byte stores and loads, half the instructions) timed the same (qkvz at 80 rows on 132 programs
-48.5-48.7 against 48.5; gate_up at 320 rows 187.6-191.0 against 181.0-181.5).
-H200 (us; cuBLAS bf16 / this kernel's previous form, one tile or fp64-summed splits a CTA / this, one run):
-80 rows out_proj 19.2 / 23.8 / 22.9, gate_up 94.6 / 95.8 / 90.5, down 54.0 / 49.8 / 47.8; 128 rows out_proj 20.5 /
-28.0 / 23.6, gate_up 91.7 / 96.2 / 79.8, down 55.7 / 49.8 / 45.3; 200 rows gate_up 112.6 / 169.3 / 149.8, down 61.6 /
-92.8 / 76.8; 320 rows qkvz 72.9 / 78.1 / 77.0, out_proj 35.9 / 35.9 / 36.5, attn 68.8 / 75.8 / 75.0, gate_up 218.2 /
-210.5 / 184.5, down 93.6 / 97.7 / 98.8 (stream-K; one tile a program 94.5-97.7 in other runs: the cost model calls
-them even). One tile a program compiled as such (ONE_TILE) 0.3-2.6 us faster than through the general loop. Before
-this kernel (int4_wgmma.py) 320 rows took qkvz 121, out_proj 52, attn 111, gate_up 263, down 141. Without the
-overlap (4 / 3 stages) 320 rows took 5-25% longer; 160-token tiles where they make fewer, fuller waves (qkvz 76.5
-against 92.5 on 128), 128 where out_proj's 80 tiles of 160 would leave 52 SMs idle (35.7 against 43.5).
+SM with ranges across tile boundaries — charged STREAM_K_COST group·tokens more. What a crossing costs (H200,
+session 19; 132 programs, us: nothing of a partial tile kept (wrong sums) / pieces stored, no counter / with the
+counter, the last arrival adding nothing / the fix-up before this one, which stored every piece and reloaded all
+of them): attn at 320 rows 67.0 / 73.6 / 74.0 / 82.1 (whole tiles 74.6), down 79.6 / 85.3 / 86.4 / 94.7, out_proj
+30.0 / 32.8 / 36.8 / 45.4 — the pieces' stores and the reload loop, more than the crossing itself (qkvz at 80 rows,
+where 132 ranges hold as many groups as 128 tiles, 41.5 against 34.1 even with nothing kept). The fix-up above
+against that one (same run): attn 85.9 -> 81.6, down 99.4 -> 93.5 (whole tiles 98.7, cuBLAS 96.3), out_proj 45.6 ->
+41.3, gate_up 198.8 -> 187.7; 128 rows gate_up 83.2 -> 78.6, down 50.2 -> 47.1; 200 rows down 76.5 -> 73.1; qkvz at
+80 rows 48.2 -> 44.7. Earlier: ranges rotated to start at their first tile boundary (programs in step through K)
+were no faster, nor pieces stored tokens-fastest (8-byte stores, half the instructions); ncu of the old fix-up,
+132 programs against 128 whole tiles: instructions 10.2M against 8.4M, L2 reads 164 against 101 MB. And loads are
+not what bounds 320 rows: with the weights and activations streamed only into the ring's first fill, qkvz took
+73.6 against 76.4, attn 73.4 against 75.5, down 93.6 against 96.2 (cuBLAS 73.8, 70.0, 94.1): the consumers' unpack
+and mma are the time.
+H200 (us; cuBLAS bf16 / this kernel's previous form, one tile or fp64-summed splits a CTA / this, one run): 80 rows
+out_proj 19.2 / 23.8 / 22.9, gate_up 94.6 / 95.8 / 90.5, down 54.0 / 49.8 / 47.8; 128 rows out_proj 20.5 / 28.0 /
+23.6, gate_up 91.7 / 96.2 / 79.8, down 55.7 / 49.8 / 45.3; 200 rows gate_up 112.6 / 169.3 / 149.8, down 61.6 / 92.8
+/ 76.8; 320 rows qkvz 72.9 / 78.1 / 77.0, out_proj 35.9 / 35.9 / 36.5, attn 68.8 / 75.8 / 75.0, gate_up 218.2 /
+210.5 / 184.5, down 93.6 / 97.7 / 98.8 (stream-K with the old fix-up; with this one 90.2 against cuBLAS 92.4 in the
+full run of bench/results/kernels-h200.md). One tile a program compiled as such (ONE_TILE) 0.3-2.6 us faster than
+through the general loop. Before this kernel (int4_wgmma.py) 320 rows took qkvz 121, out_proj 52, attn 111, gate_up
+263, down 141. Without the overlap (4 / 3 stages) 320 rows took 5-25% longer; 160-token tiles where they make fewer,
+fuller waves (qkvz 76.5 against 92.5 on 128), 128 where out_proj's 80 tiles of 160 would leave 52 SMs idle (35.7
+against 43.5).
 Gluon has no interpreter: checked against the dequantising reference in the GPU tests, compiled for sm_90 by
 tests/aot_compile.py. Reference: layers.quant.dequantize_int4."""
 import torch
@@ -62,7 +70,7 @@ CONSUMERS = gl.constexpr(2)
 TOKEN_TILES = ((128, 0), (128, 32))     # (BM, BM2) candidates: 128 or 160 tokens a CTA
 STAGES = 4
 MAX_SPLITS = 4                          # programs a tile is cut into (the last one sums their pieces in turn)
-STREAM_K_COST = 4400                    # group·tokens (~25 us on the H200): ranges across tiles, see above
+STREAM_K_COST = 3000                    # group·tokens (~17 us on the H200): ranges across tiles, see above
 MIN_ROWS = 65                           # up to 64 rows int4_wgmma.py's launches are as fast or faster
 PIECES = "stream-K pieces"               # this kernel's workspace: partial tiles (any contents) and their counters
 MAXNREG = 168                           # 12 warps at one CTA per SM; setmaxnreg gives consumers 232, the loader 40
@@ -112,9 +120,15 @@ def _block_ptrs(base, stride, r0, t0, BM: gl.constexpr, mma: gl.constexpr):
 
 
 @gluon.jit
-def _store(acc, out_ptr, M, N, stride_om, c0, m0, BM: gl.constexpr, mma: gl.constexpr):
+def _store(acc, acc2, out_ptr, M, N, stride_om, c0, m0, BM: gl.constexpr, BM2: gl.constexpr, mma: gl.constexpr,
+           mma2: gl.constexpr):
+    """A consumer's [64, BM (+ BM2)] block of the output from column c0 and token m0."""
     ptrs, cols, tok = _block_ptrs(out_ptr, stride_om, c0, m0, BM, mma)
     gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
+    if BM2 > 0:
+        ptrs, cols, tok = _block_ptrs(out_ptr, stride_om, c0, m0 + BM, BM2, mma2)
+        gl.store(ptrs, acc2.to(out_ptr.dtype.element_ty),
+                 mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
 
 
 @gluon.jit
@@ -131,49 +145,67 @@ def _piece(ws_ptr, slot, c: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr, m
 
 
 @gluon.jit
+def _sum_pieces(acc, acc2, pid, first, last, t_lo, ws_ptr, P, units, c: gl.constexpr, BM: gl.constexpr,
+                BM2: gl.constexpr, mma: gl.constexpr, mma2: gl.constexpr):
+    """The pieces of programs first … last added in that order, this program's own (acc, acc2) from registers and
+    the others from their slots (the first tile of a range in slot 2·program, its last in + 1): the same bits
+    whichever program sums them."""
+    tot = gl.zeros_like(acc)
+    tot2 = gl.zeros_like(acc2)
+    for q in range(first, last + 1):
+        if q == pid:
+            tot += acc
+            tot2 += acc2
+        else:
+            q_slot = 2 * q + 1
+            if _range_start(q, P, units) >= t_lo:
+                q_slot = 2 * q
+            ptrs, ptrs2 = _piece(ws_ptr, q_slot, c, BM, BM2, mma, mma2)
+            tot += gl.load(ptrs, cache_modifier=".cg")              # at L2: other SMs wrote it
+            if BM2 > 0:
+                tot2 += gl.load(ptrs2, cache_modifier=".cg")
+    return tot, tot2
+
+
+@gluon.jit
 def _finish(acc, acc2, c: gl.constexpr, t, seg_lo, seg_hi, args, mma: gl.constexpr, mma2: gl.constexpr,
             BM: gl.constexpr, BM2: gl.constexpr, WHOLE: gl.constexpr):
     """Consumer c's 64 columns of tile t, summed over the work units seg_lo … seg_hi − 1: stored when those are
-    all of the tile's; else left as this program's piece of the tile (slot 2·program for the first tile of its
-    range, + 1 for its last), and the program arriving last at the tile's counter adds all its pieces in the
-    order of the programs (the same bits whichever arrives last) and stores the sum."""
+    all of the tile's. Else, when the tile's other pieces have all arrived (its counter says so) this program adds
+    them to its own and stores the sum — the usual end of a range: the tile's tail was the next range's first
+    work, long done. If not, it leaves its piece in the workspace (slot 2·program for the first tile of its
+    range, + 1 for its last) and bumps the counter; whichever program arrives last adds the pieces."""
     out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
-    P = gl.num_programs(0)
-    pid = gl.program_id(0)
     n0, m0 = _tile_origin(t, m_tiles, BM, BM2)
     c0 = n0 + c * WG_COLS
-    t_lo = t * per_tile
-    if WHOLE or ((seg_lo == t_lo) & (seg_hi == t_lo + per_tile)):
-        _store(acc, out_ptr, M, N, stride_om, c0, m0, BM, mma)
-        if BM2 > 0:
-            _store(acc2, out_ptr, M, N, stride_om, c0, m0 + BM, BM2, mma2)
+    if WHOLE:
+        _store(acc, acc2, out_ptr, M, N, stride_om, c0, m0, BM, BM2, mma, mma2)
     else:
-        slot = 2 * pid + 1
-        if seg_lo == _range_start(pid, P, units):
-            slot = 2 * pid
-        ptrs, ptrs2 = _piece(ws_ptr, slot, c, BM, BM2, mma, mma2)
-        gl.store(ptrs, acc)
-        if BM2 > 0:
-            gl.store(ptrs2, acc2)
-        gl.thread_barrier()                     # every thread's piece precedes the release below
+        P = gl.num_programs(0)
+        pid = gl.program_id(0)
+        t_lo = t * per_tile
         first = _prog_of(t_lo, P, units)
-        last = _prog_of(t_lo + per_tile - 1, P, units)
-        counter = cnt_ptr + t * CONSUMERS + c
-        if gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
-            acc = gl.zeros_like(acc)
-            acc2 = gl.zeros_like(acc2)
-            for q in range(first, last + 1):    # program q's piece: its first tile's slot, or its last one's
-                q_slot = 2 * q + 1
-                if _range_start(q, P, units) >= t_lo:
-                    q_slot = 2 * q
-                ptrs, ptrs2 = _piece(ws_ptr, q_slot, c, BM, BM2, mma, mma2)
-                acc += gl.load(ptrs, cache_modifier=".cg")          # at L2: other SMs wrote it
+        others = _prog_of(t_lo + per_tile - 1, P, units) - first
+        arrived = others                        # (none to wait for when the range holds the whole tile)
+        if (seg_lo != t_lo) | (seg_hi != t_lo + per_tile):
+            counter = cnt_ptr + t * CONSUMERS + c
+            arrived = gl.atomic_add(counter, 0, sem="acquire")
+            if arrived != others:
+                slot = 2 * pid + 1
+                if seg_lo == _range_start(pid, P, units):
+                    slot = 2 * pid
+                ptrs, ptrs2 = _piece(ws_ptr, slot, c, BM, BM2, mma, mma2)
+                gl.store(ptrs, acc)
                 if BM2 > 0:
-                    acc2 += gl.load(ptrs2, cache_modifier=".cg")
-            _store(acc, out_ptr, M, N, stride_om, c0, m0, BM, mma)
-            if BM2 > 0:
-                _store(acc2, out_ptr, M, N, stride_om, c0, m0 + BM, BM2, mma2)
-            gl.atomic_xchg(counter, 0, sem="relaxed")               # zero again for the next launch
+                    gl.store(ptrs2, acc2)
+                gl.thread_barrier()             # every thread's piece precedes the release below
+                arrived = gl.atomic_add(counter, 1, sem="acq_rel")
+            if arrived == others:
+                acc, acc2 = _sum_pieces(acc, acc2, pid, first, first + others, t_lo, ws_ptr, P, units, c, BM,
+                                        BM2, mma, mma2)
+                gl.atomic_xchg(counter, 0, sem="relaxed")               # zero again for the next launch
+        if arrived == others:
+            _store(acc, acc2, out_ptr, M, N, stride_om, c0, m0, BM, BM2, mma, mma2)
 
 
 @gluon.jit
