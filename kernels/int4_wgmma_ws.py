@@ -47,7 +47,8 @@ full run of bench/results/kernels-h200.md). One tile a program compiled as such 
 through the general loop. Before this kernel (int4_wgmma.py) 320 rows took qkvz 121, out_proj 52, attn 111, gate_up
 263, down 141. Without the overlap (4 / 3 stages) 320 rows took 5-25% longer; 160-token tiles where they make fewer,
 fuller waves (qkvz 76.5 against 92.5 on 128), 128 where out_proj's 80 tiles of 160 would leave 52 SMs idle (35.7
-against 43.5).
+against 43.5). 64-token tiles (320 rows in 5, stream-K over 132 programs, nothing padded) were slower: out_proj
+44.5, down 116.5, attn 98.0, qkvz 115.9 against 36.7, 90.3, 75.1, 82.1 (6 stages no better).
 Gluon has no interpreter: checked against the dequantising reference in the GPU tests, compiled for sm_90 by
 tests/aot_compile.py. Reference: layers.quant.dequantize_int4."""
 import torch
