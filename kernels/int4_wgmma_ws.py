@@ -16,28 +16,28 @@ cuBLAS bf16 (H200). Here a CTA is three partitions that meet only at mbarriers:
   its mma (int4_wgmma._hold: ptxas frees wgmma A registers at issue).
 BM2 exists because Gluon tensors have power-of-2 shapes: 320 rows are two 160-token tiles (128 + 32).
 How the work is cut: the work units (tile, group — or pair of groups with OVERLAP), tile-major, are cut into one
-equal range per program; the loader streams its range's groups through the ring without a break, the consumers
-sum each tile segment of it and store a whole tile, or finish a partial one (`_finish`): where the tile's counter
-shows its other pieces all in (the end of a range: the tile's tail was the next range's first work, long done),
-the program adds them to its own and stores the sum; else it leaves its piece in the workspace (fp32; slot
-2·program for the first tile of its range, + 1 for its last) and bumps the counter, and the last to arrive adds
-the pieces. Pieces are added in program order, one's own from registers (the same bits whichever sums them;
-fp64 atomics were measured at ~1 TB/s). `launch` picks among three cuts: one tile a program (waves of one a SM),
-each tile in 2-4 pieces while those fit one wave (out_proj and down up to ~160 rows), and stream-K, one program a
-SM with ranges across tile boundaries — charged STREAM_K_COST group·tokens more. What a crossing costs (H200,
-session 19; 132 programs, us: nothing of a partial tile kept (wrong sums) / pieces stored, no counter / with the
-counter, the last arrival adding nothing / the fix-up before this one, which stored every piece and reloaded all
-of them): attn at 320 rows 67.0 / 73.6 / 74.0 / 82.1 (whole tiles 74.6), down 79.6 / 85.3 / 86.4 / 94.7, out_proj
-30.0 / 32.8 / 36.8 / 45.4 — the pieces' stores and the reload loop, more than the crossing itself (qkvz at 80 rows,
-where 132 ranges hold as many groups as 128 tiles, 41.5 against 34.1 even with nothing kept). The fix-up above
-against that one (same run): attn 85.9 -> 81.6, down 99.4 -> 93.5 (whole tiles 98.7, cuBLAS 96.3), out_proj 45.6 ->
-41.3, gate_up 198.8 -> 187.7; 128 rows gate_up 83.2 -> 78.6, down 50.2 -> 47.1; 200 rows down 76.5 -> 73.1; qkvz at
-80 rows 48.2 -> 44.7. Earlier: ranges rotated to start at their first tile boundary (programs in step through K)
-were no faster, nor pieces stored tokens-fastest (8-byte stores, half the instructions); ncu of the old fix-up,
-132 programs against 128 whole tiles: instructions 10.2M against 8.4M, L2 reads 164 against 101 MB. And loads are
-not what bounds 320 rows: with the weights and activations streamed only into the ring's first fill, qkvz took
-73.6 against 76.4, attn 73.4 against 75.5, down 93.6 against 96.2 (cuBLAS 73.8, 70.0, 94.1): the consumers' unpack
-and mma are the time.
+equal range per program; the loader streams its range's groups through the ring without a break, the consumers sum
+each tile segment of it and store a whole tile, or finish a partial one (`_finish`): where the tile's counter shows
+its other pieces all in (the end of a range: the tile's tail was the next range's first work, long done), the
+program adds them to its own and stores the sum; else it leaves its piece in the workspace (fp32; slot 2·program for
+the first tile of its range, + 1 for its last) and bumps the counter, and the last to arrive adds the pieces. Pieces
+are added in program order, one's own from registers (the same bits whichever sums them; fp64 atomics were measured
+at ~1 TB/s). `launch` picks among three cuts: one tile a program (waves of one a SM), each tile in 2-4 pieces while
+those fit one wave (out_proj and down up to ~160 rows), and stream-K, one program a SM with ranges across tile
+boundaries — charged STREAM_K_COST group·tokens more. What a crossing costs (H200, session 19; 132 programs, us:
+nothing of a partial tile kept (wrong sums) / pieces stored, no counter / with the counter, the last arrival adding
+nothing / the fix-up before this one, which stored every piece and reloaded all of them): attn at 320 rows 67.0 /
+73.6 / 74.0 / 82.1 (whole tiles 74.6), down 79.6 / 85.3 / 86.4 / 94.7, out_proj 30.0 / 32.8 / 36.8 / 45.4 — the
+pieces' stores and the reload loop, more than the crossing itself (qkvz at 80 rows, where 132 ranges hold as many
+groups as 128 tiles, 41.5 against 34.1 even with nothing kept). The fix-up above against that one (same run): attn
+85.9 -> 81.6, down 99.4 -> 93.5 (whole tiles 98.7, cuBLAS 96.3), out_proj 45.6 -> 41.3, gate_up 198.8 -> 187.7; 128
+rows gate_up 83.2 -> 78.6, down 50.2 -> 47.1; 200 rows down 76.5 -> 73.1; qkvz at 80 rows 48.2 -> 44.7 (the counter
+read only at a range's end, not at its first tile: the same). Earlier: ranges rotated to start at their first tile
+boundary (programs in step through K) were no faster, nor pieces stored tokens-fastest (8-byte stores, half the
+instructions); ncu of the old fix-up, 132 programs against 128 whole tiles: instructions 10.2M against 8.4M, L2
+reads 164 against 101 MB. And loads are not what bounds 320 rows: with the weights and activations streamed only
+into the ring's first fill, qkvz took 73.6 against 76.4, attn 73.4 against 75.5, down 93.6 against 96.2 (cuBLAS
+73.8, 70.0, 94.1): the consumers' unpack and mma are the time.
 H200 (us; cuBLAS bf16 / this kernel's previous form, one tile or fp64-summed splits a CTA / this, one run): 80 rows
 out_proj 19.2 / 23.8 / 22.9, gate_up 94.6 / 95.8 / 90.5, down 54.0 / 49.8 / 47.8; 128 rows out_proj 20.5 / 28.0 /
 23.6, gate_up 91.7 / 96.2 / 79.8, down 55.7 / 49.8 / 45.3; 200 rows gate_up 112.6 / 169.3 / 149.8, down 61.6 / 92.8
