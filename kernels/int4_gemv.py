@@ -34,7 +34,11 @@ and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran
   the sums (kernels/fixed_sum.py; bitwise the bf16 this kernel stores). H200, against the stored bf16 in the same
   run, M = 1 / 2-5 / 8: qkvz 13.7 -> 11.8 / 15.4 -> 13.5 / 16.4 -> 13.9 µs, gate_up 24.8 -> 23.6 / 27.1 -> 25.2 /
   28.6 -> 25.8, down 14.2 -> 13.0 / 15.5 -> 13.5 / 16.4 -> 14.4, attn_qkv_gate 12.4 -> 10.9 / 13.7 -> 11.8,
-  out_proj 7.1 -> 5.9 / 8.0 -> 6.7 (same launch table).
+  out_proj 7.1 -> 5.9 / 8.0 -> 6.7 (same launch table). Tried (session 19): shared tiles staged in an 8-16 KB
+  buffer and added by one TMA reduction each (cp.reduce.async.bulk.tensor .add on the output viewed as uint64;
+  Gluon's builder has create_async_tma_reduce): 0.1-0.5 µs faster at 2-8 rows (qkvz M = 5 13.4 against 13.6,
+  attn 12.0 against 12.1), 0.4-0.9 slower at 16, and its sums of the qkvz shape were not bitwise the stored
+  output in the first try (not chased).
 Measured on the H200 (bench/results/kernels-h200.md; the small shapes pay the launch's fixed latency: their copy
 floor is 0.72-0.90). Against the GPTQ layout (words copied as 16 rows of the group, read back 4 bytes at a time
 through a swizzle, activations permuted in registers, fp32 sums, one launch for 1-8 rows): M = 1 1-8% and M = 5
