@@ -146,11 +146,20 @@ def _piece(ws_ptr, slot, c: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr, m
 
 
 @gluon.jit
+def _slot(q, t_lo, P, units):
+    """Program q's workspace slot for its piece of the tile whose first unit is t_lo: 2·q where q's range starts in
+    that tile (the first tile of its range), 2·q + 1 where it starts before it (the tile is its range's last)."""
+    slot = 2 * q + 1
+    if _range_start(q, P, units) >= t_lo:
+        slot = 2 * q
+    return slot
+
+
+@gluon.jit
 def _sum_pieces(acc, acc2, pid, first, last, t_lo, ws_ptr, P, units, c: gl.constexpr, BM: gl.constexpr,
                 BM2: gl.constexpr, mma: gl.constexpr, mma2: gl.constexpr):
     """The pieces of programs first … last added in that order, this program's own (acc, acc2) from registers and
-    the others from their slots (the first tile of a range in slot 2·program, its last in + 1): the same bits
-    whichever program sums them."""
+    the others from their slots (_slot): the same bits whichever program sums them."""
     tot = gl.zeros_like(acc)
     tot2 = gl.zeros_like(acc2)
     for q in range(first, last + 1):
@@ -158,10 +167,7 @@ def _sum_pieces(acc, acc2, pid, first, last, t_lo, ws_ptr, P, units, c: gl.const
             tot += acc
             tot2 += acc2
         else:
-            q_slot = 2 * q + 1
-            if _range_start(q, P, units) >= t_lo:
-                q_slot = 2 * q
-            ptrs, ptrs2 = _piece(ws_ptr, q_slot, c, BM, BM2, mma, mma2)
+            ptrs, ptrs2 = _piece(ws_ptr, _slot(q, t_lo, P, units), c, BM, BM2, mma, mma2)
             tot += gl.load(ptrs, cache_modifier=".cg")              # at L2: other SMs wrote it
             if BM2 > 0:
                 tot2 += gl.load(ptrs2, cache_modifier=".cg")
@@ -174,8 +180,8 @@ def _finish(acc, acc2, c: gl.constexpr, t, seg_lo, seg_hi, args, mma: gl.constex
     """Consumer c's 64 columns of tile t, summed over the work units seg_lo … seg_hi − 1: stored when those are
     all of the tile's. Else, when the tile's other pieces have all arrived (its counter says so) this program adds
     them to its own and stores the sum — the usual end of a range: the tile's tail was the next range's first
-    work, long done. If not, it leaves its piece in the workspace (slot 2·program for the first tile of its
-    range, + 1 for its last) and bumps the counter; whichever program arrives last adds the pieces."""
+    work, long done. If not, it leaves its piece in the workspace (_slot) and bumps the counter; whichever
+    program arrives last adds the pieces."""
     out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
     n0, m0 = _tile_origin(t, m_tiles, BM, BM2)
     c0 = n0 + c * WG_COLS
@@ -192,10 +198,7 @@ def _finish(acc, acc2, c: gl.constexpr, t, seg_lo, seg_hi, args, mma: gl.constex
             counter = cnt_ptr + t * CONSUMERS + c
             arrived = gl.atomic_add(counter, 0, sem="acquire")
             if arrived != others:
-                slot = 2 * pid + 1
-                if seg_lo == _range_start(pid, P, units):
-                    slot = 2 * pid
-                ptrs, ptrs2 = _piece(ws_ptr, slot, c, BM, BM2, mma, mma2)
+                ptrs, ptrs2 = _piece(ws_ptr, _slot(pid, t_lo, P, units), c, BM, BM2, mma, mma2)
                 gl.store(ptrs, acc)
                 if BM2 > 0:
                     gl.store(ptrs2, acc2)
