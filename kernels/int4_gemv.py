@@ -69,7 +69,13 @@ waiting for an inner tile's atomics only after the loop (so the stream goes on w
 nor (session 13) Σx from one m16 ones-mma per warp, repeated over the tile's rows (40 instead of 64 mma a group,
 bitwise the same sums): every shape within ±0.1 µs at M = 1-8, still 150 registers at M = 2-8 (M = 1, 123: its
 odd token columns are never stored, so the compiler drops their sums), and 7-8 CTAs per SM at M = 2-8 still
-slower (qkvz M = 5 16.1 / 20.2 against 15.8 µs).
+slower (qkvz M = 5 16.1 / 20.2 against 15.8 µs). Why M = 1 is faster than 2-5 (session 20): a row count of 1 is
+specialised, so the n8 tile's odd token columns are dead and half of each group's fixed-point conversions (F2I.S64)
+and int64 adds go (8 a thread instead of 16; SASS). H200, into sums, M = 5, us against this kernel: the sums kept
+in fp32 within a tile segment and converted once (order-dependent bits: timing only) qkvz 13.10 / 13.40, attn 11.29
+/ 11.78, out_proj 6.76 / 6.86, down 13.23 / 13.70 (qkvz at 8 CTAs per SM 12.33 / 13.07); the posted atomics left
+out (wrong sums) 13.22 / 13.55, 11.15 / 11.75, 6.36 / 6.88; an exact middle way, fp32 sums of aligned pairs of
+groups converted once (ranges cut on pairs, two groups an iteration), slower: 14.1, 11.4, 8.1, 14.2.
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
