@@ -23,7 +23,7 @@ from layers.quant import Int4Weight
 SHAPES = (("gdn_in_proj_qkvz", 16384, 5120), ("out_proj", 5120, 6144), ("attn_qkv_gate", 14336, 5120),
           ("mlp_gate_up", 34816, 5120), ("mlp_down", 5120, 17408))       # name, N, K
 GEMV_M = (1, 2, 3, 4, 5)
-GEMM_M = (20, 40, 64, 320)
+GEMM_M = (20, 40, 64, 200, 320)
 PEER_M = (1, 5) + GEMM_M
 ROTATE_BYTES = 256 << 20
 

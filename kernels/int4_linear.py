@@ -10,7 +10,7 @@ Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_in
 On a GPU (sm_80+), int4_linear hands calls of ≤ 16 rows with symmetric weights to kernels/int4_gemv.py, which
 streams the weights straight into the mma's registers (~2x faster there), and on sm_90 larger ones to
 kernels/int4_wgmma.py (weights as the wgmma's register operand, 1.1-1.7x this kernel at 40-320 rows), from 65 rows
-mostly to its warp-specialised form kernels/int4_wgmma_ws.py (at 320 rows 0.92-1.18x cuBLAS bf16); this kernel
+mostly to its warp-specialised form kernels/int4_wgmma_ws.py (at 320 rows 0.93-1.22x cuBLAS bf16); this kernel
 covers the rest (W4A8, asymmetric weights, sm_8x), and every row count in the CPU interpreter (Gluon has none).
 Passing a Config forces it.
 

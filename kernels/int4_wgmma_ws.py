@@ -14,7 +14,8 @@ cuBLAS bf16 (H200). Here a CTA is three partitions that meet only at mbarriers:
   BM2 tokens, same A registers), and arrive on `empty` once the mma that read the stage has retired. With OVERLAP
   (an even number of groups) group i's mma runs while group i + 1 is unpacked: two A register sets, each held past
   its mma (int4_wgmma._hold: ptxas frees wgmma A registers at issue).
-BM2 exists because Gluon tensors have power-of-2 shapes: 320 rows are two 160-token tiles (128 + 32).
+BM2 exists because Gluon tensors have power-of-2 shapes: 320 rows are two 160-token tiles (128 + 32), 200 one of
+256 (128 + 128).
 How the work is cut: the work units (tile, group — or pair of groups with OVERLAP), tile-major, are cut into one
 equal range per program; the loader streams its range's groups through the ring without a break, the consumers sum
 each tile segment of it and store a whole tile, or finish a partial one (`_finish`): where the tile's counter shows
@@ -78,8 +79,11 @@ from layers.quant import Int4Weight
 
 WG_COLS = gl.constexpr(64)              # output columns per consumer warpgroup (the wgmma's M)
 CONSUMERS = gl.constexpr(2)
-TOKEN_TILES = ((128, 0), (128, 32))     # (BM, BM2) candidates: 128 or 160 tokens a CTA
-STAGES = 4
+TOKEN_TILES = ((128, 0), (128, 32), (128, 64), (128, 128))    # (BM, BM2) candidates: 128-256 tokens a CTA
+WHOLE_ONLY = 64                         # BM2 from which a tile is only ever taken whole (see launch)
+TILE_COST = 20                          # tokens: a group's cost to a tile beyond its tokens (unpack, issue)
+STAGES = 4                              # ring stages, fewer where a tile's stages outgrow the shared memory
+SMEM = 232448                           # bytes of shared memory a CTA may hold on sm_90
 MAX_SPLITS = 4                          # programs a tile is cut into (the last one sums their pieces in turn)
 STREAM_K_COST = 3000                    # group·tokens (~17 us on the H200): ranges across tiles, see above
 MIN_ROWS = 65                           # up to 64 rows int4_wgmma.py's launches are as fast or faster
@@ -368,9 +372,14 @@ def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, ws_ptr, cnt_ptr, M
 
 def launch(m: int, n: int, k: int, sms: int):
     """(BM, BM2, programs) for m rows, or None where int4_wgmma.py keeps the call (below MIN_ROWS, or programs
-    that would fill less than half the SMs): the token tile and cut of the work whose busiest program holds the
-    fewest group·tokens — one tile a program (in waves of one a SM), each tile cut in 2 to MAX_SPLITS programs
-    while they fit one wave, or stream-K (one program a SM, ranges across tiles: charged STREAM_K_COST more)."""
+    that would fill less than half the SMs): the token tile and cut of the work whose busiest program costs least,
+    its groups times (tokens + TILE_COST) — one tile a program (in waves of one a SM), each tile cut in 2 to
+    MAX_SPLITS programs while they fit one wave, or stream-K (one program a SM, ranges across tiles: charged
+    STREAM_K_COST more). Tiles of 192 and 256 tokens only whole: one wave of them where smaller tiles take two
+    (H200, us, against the 128-token tiles' two waves and cuBLAS: qkvz 192 rows 48.1 / 65.2 / 52.0, 240 rows 57.4 /
+    62.2 / 58.0, attn 192 rows 48.7 / 66.6 / 46.6, 200 rows 57.4 / 62.0 / 47.2, gate_up 192 rows 143 / 155 / 128);
+    cut in pieces or ranges they lost to the smaller tiles (out_proj 200 rows 51.8-70 against 35.9, down 200 rows
+    90-106 against 72.6), each piece a 64 x 256 fp32 block per consumer to store and add."""
     if m < MIN_ROWS:
         return None
     groups = k // 128
@@ -379,15 +388,23 @@ def launch(m: int, n: int, k: int, sms: int):
     for tile in TOKEN_TILES:
         tokens = sum(tile)
         tiles = triton.cdiv(n, CONSUMERS.value * WG_COLS.value) * triton.cdiv(m, tokens)
-        cuts = [(triton.cdiv(tiles, sms) * groups, tiles)]
-        cuts += [(triton.cdiv(groups // unit, s) * unit, tiles * s) for s in range(2, MAX_SPLITS + 1)
-                 if tiles * s <= sms and s <= groups // unit]
-        if tiles % sms:
-            cuts.append((tiles * groups / sms + STREAM_K_COST / tokens, sms))
-        for held, programs in cuts:
-            if best is None or held * tokens < best[0]:
-                best = (held * tokens, tile + (programs,))
+        cuts = [(triton.cdiv(tiles, sms) * groups, tiles, 0)]
+        if tile[1] < WHOLE_ONLY:
+            cuts += [(triton.cdiv(groups // unit, s) * unit, tiles * s, 0) for s in range(2, MAX_SPLITS + 1)
+                     if tiles * s <= sms and s <= groups // unit]
+            if tiles % sms:
+                cuts.append((tiles * groups / sms, sms, STREAM_K_COST))
+        for held, programs, extra in cuts:
+            cost = held * (tokens + TILE_COST) + extra
+            if best is None or cost < best[0]:
+                best = (cost, tile + (programs,))
     return best[1] if 2 * best[1][2] >= sms else None
+
+
+def stages_for(bm: int, bm2: int) -> int:
+    """Ring stages for a token tile: STAGES, or as many as SMEM holds (words, scales and activations a stage)."""
+    stage = CONSUMERS.value * WG_COLS.value * (16 * 4 + 2) + (bm + bm2) * 128 * 2
+    return min(STAGES, (SMEM - 1024) // stage)
 
 
 def pick(x: torch.Tensor, w: Int4Weight):
@@ -399,15 +416,16 @@ def pick(x: torch.Tensor, w: Int4Weight):
 
 
 def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple, overlap: bool = None,
-                  stages: int = STAGES) -> torch.Tensor:
+                  stages: int = None) -> torch.Tensor:
     """x [..., K] bf16/fp16 (rows TMA-aligned: pick), w symmetric with group 128, out [..., N] any float dtype:
     out = x @ Wᵀ. cfg = (BM, BM2, programs) as `pick` chooses (programs: at most one per work unit); overlap
-    (default: wherever the groups pair up) needs an even number of groups."""
+    (default: wherever the groups pair up) needs an even number of groups; stages default to stages_for."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     out2 = out.view(-1, n)
     m = x2.shape[0]
     bm, bm2, programs = cfg
+    stages = stages or stages_for(bm, bm2)
     overlap = k % 256 == 0 if overlap is None else overlap
     assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
     assert not overlap or k % 256 == 0, "overlap: groups in pairs"

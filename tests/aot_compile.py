@@ -66,9 +66,11 @@ def launches():
         if gpu.capability(None) >= (9, 0):
             for m in (B * T, 320):                  # and on sm_90 for these
                 int4_wgmma.int4_wgmma(empty(m, k), w, empty(m, n))
-            for tile in int4_wgmma_ws.TOKEN_TILES:  # the warp-specialised form's tiles, overlap or not
+            for tile in int4_wgmma_ws.TOKEN_TILES:  # the warp-specialised form's tiles, overlap or not: the
+                whole = tile[1] >= int4_wgmma_ws.WHOLE_ONLY     # smaller cut in ranges, the larger whole
+                m, programs = (sum(tile), -(-n // 128)) if whole else (320, 132)
                 for overlap in (True, False):
-                    int4_wgmma_ws.int4_wgmma_ws(empty(320, k), w, empty(320, n), tile + (132,), overlap=overlap)
+                    int4_wgmma_ws.int4_wgmma_ws(empty(m, k), w, empty(m, n), tile + (programs,), overlap=overlap)
         int4_linear.w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
         yield f"int4 {n}x{k}"
     head = Int8Weight(empty(V, H, dtype=torch.int8), empty(V, dtype=torch.float16))

@@ -83,7 +83,7 @@ def test_int4_wgmma_graph_replay():
 # tile of one row), N with a ragged column tile, odd group counts (units of one group, no overlap) and even ones
 # (units of a pair, overlap), both dtypes; programs whose ranges hold whole tiles only, ranges cutting tiles in 2-9
 # pieces, ranges inside one tile (both ends partial), one unit a program, one program for everything, one tile a
-# program
+# program; the 192- and 256-token tiles
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg,overlap", [
     (65, 136, 384, torch.bfloat16, torch.float16, (128, 0, 1), False),
     (200, 264, 1024, torch.float16, torch.bfloat16, (128, 32, 5), True),
@@ -95,15 +95,18 @@ def test_int4_wgmma_graph_replay():
     (150, 1032, 2304, torch.float16, torch.bfloat16, (128, 32, 40), True),
     (90, 264, 1024, torch.bfloat16, torch.float16, (128, 0, 11), True),
     (130, 264, 768, torch.float16, torch.float16, (128, 0, 6), True),
+    (200, 264, 1024, torch.bfloat16, torch.float16, (128, 128, 3), True),     # the 192- and 256-token tiles:
+    (192, 520, 2304, torch.bfloat16, torch.bfloat16, (128, 64, 5), True),     # whole, and in ranges
+    (390, 136, 640, torch.float16, torch.bfloat16, (128, 64, 4), False),
 ])
 def test_int4_wgmma_ws(m, n, k, xdt, sdt, cfg, overlap):
     assert_case(lambda x, w, out: int4_wgmma_ws(x, w, out, cfg, overlap=overlap), m, n, k, xdt, sdt)
 
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)
-@pytest.mark.parametrize("m", [80, 320])
+@pytest.mark.parametrize("m", [80, 200, 320])
 def test_int4_linear_ws_27b(m, n, k):
-    """16 and 64 sequences verifying 4 drafts: int4_linear takes the warp-specialised form at every 27B shape."""
+    """16, 40 and 64 sequences verifying 4 drafts: int4_linear takes the warp-specialised form at every 27B shape."""
     x, w = int4_case(m, n, k, torch.bfloat16, torch.float16, m + n + k)
     assert ws_pick(x, w) is not None
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -111,11 +114,11 @@ def test_int4_linear_ws_27b(m, n, k):
     assert rel_err(out, rounded_ref(x, w)) < 6e-3
 
 
-@pytest.mark.parametrize("m,n,k,kind", [(320, 16384, 5120, "tiles"), (80, 5120, 6144, "pieces"),
-                                         (200, 5120, 17408, "stream-K")])
+@pytest.mark.parametrize("m,n,k,kind", [(320, 16384, 5120, "tiles"), (200, 16384, 5120, "tiles"),
+                                         (80, 5120, 6144, "pieces"), (200, 5120, 17408, "stream-K")])
 def test_int4_wgmma_ws_graph_replay(m, n, k, kind):
-    """Each cut of the work as the H200's launch picks it: one tile a program (qkvz at 320 rows), tiles cut in
-    pieces (out_proj at 80), stream-K (down at 200)."""
+    """Each cut of the work as the H200's launch picks it: one tile a program (qkvz at 320 rows; at 200 one tile
+    of 256 tokens), tiles cut in pieces (out_proj at 80), stream-K (down at 200)."""
     x = torch.randn(m, k + 128, device="cuda").bfloat16()[:, 64:64 + k]            # row stride k + 128
     w = quantize_int4(torch.randn(n, k, device="cuda"))
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
