@@ -376,10 +376,11 @@ def launch(m: int, n: int, k: int, sms: int):
     its groups times (tokens + TILE_COST) — one tile a program (in waves of one a SM), each tile cut in 2 to
     MAX_SPLITS programs while they fit one wave, or stream-K (one program a SM, ranges across tiles: charged
     STREAM_K_COST more). Tiles of 192 and 256 tokens only whole: one wave of them where smaller tiles take two
-    (H200, us, against the 128-token tiles' two waves and cuBLAS: qkvz 192 rows 48.1 / 65.2 / 52.0, 240 rows 57.4 /
-    62.2 / 58.0, attn 192 rows 48.7 / 66.6 / 46.6, 200 rows 57.4 / 62.0 / 47.2, gate_up 192 rows 143 / 155 / 128);
-    cut in pieces or ranges they lost to the smaller tiles (out_proj 200 rows 51.8-70 against 35.9, down 200 rows
-    90-106 against 72.6), each piece a 64 x 256 fp32 block per consumer to store and add."""
+    (H200, us, against the 128-token tiles' two waves and cuBLAS: qkvz 192 rows 43.1 / 65.2 / 51.9, 176 rows 42.9 /
+    - / 49.0, 240 rows 57.2 / 62.2 / 57.8, attn 192 rows 42.1 / 66.6 / 46.1, 200 rows 56.5 / 62.0 / 46.5, gate_up
+    192 rows 130 / 155 / 128); cut in pieces or ranges they lost to the smaller tiles (out_proj 200 rows 51.8-70
+    against 35.9, down 200 rows 90-106 against 72.6), each piece a 64 x 256 fp32 block per consumer to store and
+    add. Ring stages count: 192-token tiles with 3 stages took 11-13% longer than with 4 (qkvz 192 rows 48.3)."""
     if m < MIN_ROWS:
         return None
     groups = k // 128
