@@ -380,7 +380,10 @@ def launch(m: int, n: int, k: int, sms: int):
     - / 49.0, 240 rows 57.2 / 62.2 / 57.8, attn 192 rows 42.1 / 66.6 / 46.1, 200 rows 56.5 / 62.0 / 46.5, gate_up
     192 rows 130 / 155 / 128); cut in pieces or ranges they lost to the smaller tiles (out_proj 200 rows 51.8-70
     against 35.9, down 200 rows 90-106 against 72.6), each piece a 64 x 256 fp32 block per consumer to store and
-    add. Ring stages count: 192-token tiles with 3 stages took 11-13% longer than with 4 (qkvz 192 rows 48.3)."""
+    add. Ring stages count: 192-token tiles with 3 stages took 11-13% longer than with 4 (qkvz 192 rows 48.3).
+    Prefill-sized calls take them too (us, against the launch before them): 512 rows qkvz 115.7 / 125.4, out_proj
+    51.7 / 54.4; 1024 rows qkvz 225 / 246, gate_up 507 / 539; 4096 rows qkvz 934 / 1069, out_proj 353 / 391,
+    gate_up 1976 / 2541, down 1051 / 1126."""
     if m < MIN_ROWS:
         return None
     groups = k // 128
