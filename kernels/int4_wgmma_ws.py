@@ -25,7 +25,8 @@ the first tile of its range, + 1 for its last) and bumps the counter, and the la
 are added in program order, one's own from registers (the same bits whichever sums them; fp64 atomics were measured
 at ~1 TB/s). `launch` picks among three cuts: one tile a program (waves of one a SM), each tile in 2-4 pieces while
 those fit one wave (out_proj and down up to ~160 rows), and stream-K, one program a SM with ranges across tile
-boundaries — charged STREAM_K_COST group·tokens more. What a crossing costs (H200, session 19; 132 programs, us:
+boundaries — charged STREAM_K_COST group·tokens more; each program's groups cost their tokens + TILE_COST, and the
+192- and 256-token tiles are only taken whole (see launch). What a crossing costs (H200, session 19; 132 programs, us:
 nothing of a partial tile kept (wrong sums) / pieces stored, no counter / with the counter, the last arrival adding
 nothing / the fix-up before this one, which stored every piece and reloaded all of them): attn at 320 rows 67.0 /
 73.6 / 74.0 / 82.1 (whole tiles 74.6), down 79.6 / 85.3 / 86.4 / 94.7, out_proj 30.0 / 32.8 / 36.8 / 45.4 — the
