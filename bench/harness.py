@@ -2,6 +2,7 @@
 
 Every benchmark reports, per case, the time, the bytes the work must move and the FLOPs it must do, and the
 fraction of the peak bandwidth measured in the same run (a large device-to-device copy)."""
+import itertools
 import json
 import os
 import statistics
@@ -9,6 +10,7 @@ import statistics
 import torch
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
+ROTATE_BYTES = 256 << 20                # over 4x the H200's L2
 
 
 def gpu_name() -> str:
@@ -53,6 +55,13 @@ def time_us(fn, reps: int = 20, trials: int = 7) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / reps)
     return statistics.median(times)
+
+
+def rotation(make, nbytes):
+    """A function returning the next of enough copies of make() (nbytes each) that they cannot all sit in L2: every
+    timed call then reads its operands from HBM, as a model step does."""
+    copies = itertools.cycle([make() for _ in range(max(2, -(-ROTATE_BYTES // nbytes)))])
+    return lambda: next(copies)
 
 
 def row(kernel: str, shape: str, us: float, nbytes: float, flops: float, peak_Bps: float, **extra) -> dict:

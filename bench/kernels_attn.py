@@ -1,13 +1,15 @@
 """Attention kernels at the 27B shapes (Hq 24, Hkv 4, D 256): split-KV verify (q_len 5) over fp8 / bf16 KV for
 B ∈ {1, 8, 64} × ctx {1.5k, 16k, 64k}, torch SDPA as the peer at B = 1, the KV writer and prefill.
 Bytes counted: the KV the attention must read (all kv_lens × Hkv × D × 2 tensors) plus q and out; partials and
-the combine are overhead. `python -m bench.kernels_attn --sweep` times launch configurations instead (tiles, warps,
-segments)."""
+the combine are overhead. Beside each fp8 case, `read floor`: a launch that only reads its KV bytes
+(bench/floors.py: no kernel of them beats it in this harness). `python -m bench.kernels_attn --sweep` times launch
+configurations instead (tiles, warps, segments)."""
 import itertools
 
 import torch
 import torch.nn.functional as F
 
+from bench.floors import read_floor_us
 from bench.harness import measure_bandwidth, row, suite_main, time_us
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
@@ -58,6 +60,9 @@ def verify_rows(peak, sms):
                         0, peak, nseg=32))
     for B, ctx in itertools.product(BATCHES, CONTEXTS):
         nseg = choose_nseg(B, HKV, sms)
+        kv_bytes = verify_bytes(B, ctx, 1) - verify_bytes(B, 0, 1)
+        rows_out.append(row("attn_verify[read floor]", f"B{B} ctx{ctx} q{Q_LEN}", read_floor_us(kv_bytes),
+                            verify_bytes(B, ctx, 1), 0, peak))
         case = make_case(B, ctx, fp8=True)
         us = time_verify(case, nseg, partials)                  # V stored like K (D fastest)
         rows_out.append(row(f"attn_verify[{FMT_NAME[kv_format(case[1])]}]", f"B{B} ctx{ctx} q{Q_LEN}", us,

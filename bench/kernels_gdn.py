@@ -4,13 +4,15 @@ verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state; the default scheme 
 a, b + o; conv = x + y + state read and written; prefill = inputs + o + state read and written (its fp32 W/U
 workspace is overhead, not counted).
 `python -m bench.kernels_gdn --sweep` times launch configurations instead (verify: scheme, V-tile, warps;
-prefill: V-tile, warps). Beside the B = 1 verify rows, the floor of the same harness: a copy
+prefill: V-tile, warps). Beside the B = 1 verify rows, the floor of the same harness: a launch that only reads a
+state once and writes it T times (bench/floors.py: the verify's state traffic, no kernel of it beats that), a copy
 moving the verify's bytes (a memcpy node and a copy kernel) and an empty Triton kernel."""
 import itertools
 
 import torch
 import triton
 
+from bench.floors import read_write_floor_us
 from bench.harness import row, suite_main, time_us
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import chunk_prepare, chunk_states, gdn_prefill, prefill_workspace
@@ -58,8 +60,12 @@ def _empty_kernel():
     pass
 
 
-def floor_rows(nbytes, grid, peak, out):
-    """What the harness measures for moving `nbytes` (half read, half written) and for an empty launch."""
+def floor_rows(nbytes, state_bytes, grid, peak, out):
+    """What the harness measures for the verify's state traffic (one state read, T written), for moving `nbytes`
+    (half read, half written) and for an empty launch."""
+    out.append(row("floor: read a state, write it T times", f"state {state_bytes} B, T {T}",
+                   read_write_floor_us(state_bytes, T), (1 + T) * state_bytes, 0, peak))
+    print(out[-1], flush=True)
     src = torch.empty(nbytes // 4, device=DEV, dtype=torch.float16).normal_()
     dst = torch.empty_like(src)
     timed_row("floor: copy_ (memcpy node)", "same bytes", lambda: dst.copy_(src), nbytes, 0, peak, out)
@@ -99,7 +105,7 @@ def verify_rows(peak, sweep):
                           nbytes, 8 * B * T * HV * D * D, peak, out)
             del pool
         if B == 1 and sdt == torch.float16:
-            floor_rows(nbytes, (B, HV, D // 16), peak, out)
+            floor_rows(nbytes, B * HV * D * D * sdt.itemsize, (B, HV, D // 16), peak, out)
     return out
 
 

@@ -1,8 +1,8 @@
 """Int4-weight linears at the Qwen3.8-27B shapes, with their peers timed in the same run: ours (W4A16 — the Gluon
 GEMV for ≤ 16 rows, beyond it the Gluon wgmma GEMMs on sm_90 (config `ws`: the warp-specialised one; else the
 Triton kernel), and the Triton kernel beside them as `[triton]`; W4A8 from int8 activations), cuBLAS bf16
-(`x @ w.T`), torch's `_weight_int4pack_mm` (group 128), and a copy kernel moving the same bytes as the M = 1
-GEMV (`copy floor`: what a launch that only streams those bytes achieves in this harness).
+(`x @ w.T`), torch's `_weight_int4pack_mm` (group 128), and a launch that only reads the M = 1 GEMV's bytes
+(`read floor`, bench/floors.py: what no kernel of those bytes beats in this harness).
 
 Every timed call reads another copy of the weights (together ≥ 256 MiB, over 4× the H200's L2), so weights come
 from HBM as they do in a model step. Bytes per call: the weight codes, their scales, the activations and the
@@ -15,7 +15,8 @@ import itertools
 
 import torch
 
-from bench.harness import best_of, row, suite_main, time_us
+from bench.floors import read_floor_us
+from bench.harness import best_of, rotation, row, suite_main, time_us
 from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma, int4_wgmma_ws as wgmma_ws
 from kernels.int4_linear import CODES, NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from layers.quant import Int4Weight
@@ -25,13 +26,6 @@ SHAPES = (("gdn_in_proj_qkvz", 16384, 5120), ("out_proj", 5120, 6144), ("attn_qk
 GEMV_M = (1, 2, 3, 4, 5)
 GEMM_M = (20, 40, 64, 200, 320)
 PEER_M = (1, 5) + GEMM_M
-ROTATE_BYTES = 256 << 20
-
-
-def rotation(make, nbytes):
-    """A function returning the next of enough copies of make() that they cannot all sit in L2."""
-    copies = itertools.cycle([make() for _ in range(max(2, -(-ROTATE_BYTES // nbytes)))])
-    return lambda: next(copies)
 
 
 def random_int4(n, k, device="cuda"):
@@ -67,13 +61,6 @@ def time_cublas(m, n, k):
     return time_us(lambda: torch.mm(x, weights().t(), out=out))
 
 
-def time_copy(nbytes):
-    """A copy kernel moving nbytes in all (read + write), from a rotation of sources."""
-    src = rotation(lambda: torch.empty(nbytes // 4, device="cuda", dtype=torch.bfloat16), nbytes // 2)
-    dst = torch.empty(nbytes // 4, device="cuda", dtype=torch.bfloat16)
-    return time_us(lambda: torch.mul(src(), 1, out=dst))
-
-
 def time_torch_int4pack(m, n, k):
     def make():
         codes = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
@@ -100,8 +87,8 @@ def run(peak_Bps: float) -> list:
             except RuntimeError as e:                                    # report, keep benchmarking
                 rows.append({"kernel": "int4 matmul", "shape": f"{shape} M={m}", "peer": "torch-int4pack",
                              "error": str(e).splitlines()[0][:80]})
-        nbytes = int4_bytes(1, n, k)
-        rows.append(row("copy floor", f"{shape} M=1 bytes", time_copy(nbytes), nbytes, 0, peak_Bps, peer="copy"))
+        nbytes = int4_bytes(1, n, k) // 4 * 4
+        rows.append(row("read floor", f"{shape} M=1 bytes", read_floor_us(nbytes), nbytes, 0, peak_Bps, peer="read"))
         dev = torch.device("cuda")
         for m in GEMV_M + GEMM_M:
             us = time_ours(m, n, k)

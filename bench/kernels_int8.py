@@ -1,13 +1,12 @@
 """Int8 lm_head GEMV/GEMM (248320 × 5120, per-row scales) and the int8 embedding gather, with cuBLAS bf16 timed at
-the same shape in the same run. Weight copies rotate so that every call reads HBM (bench/kernels_int4.rotation).
+the same shape in the same run. Weight copies rotate so that every call reads HBM (bench/harness.rotation).
 Bytes: int8 weights + row scales + activations + outputs (fp32 logits, as the engine's lm_head writes them).
 
 `python -m bench.kernels_int8 --sweep` times alternatives to kernels/int8_linear.py's M_BUCKETS."""
 
 import torch
 
-from bench.harness import best_of, row, suite_main, time_us
-from bench.kernels_int4 import rotation
+from bench.harness import best_of, rotation, row, suite_main, time_us
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import Config, int8_linear, pick_config, split_activations
 from layers.quant import Int8Weight

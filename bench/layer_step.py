@@ -6,7 +6,9 @@ scales, the recurrent state read once and written per token, or the KV; activati
 the copy bandwidth measured in the same run, and beside it the chain launched without PDL and the sum of the same
 kernels timed one by one (what the chain saves). The step runs over `--layers` copies with their own weights, state
 and KV, as a model's layers are, and each kernel alone cycles through them, so no kernel finds its bytes in L2 (one
-copy of out_proj would fit).
+copy of out_proj would fit). Beside each kernel's time alone, `in_chain`: what it costs inside the chain (the
+chain's time less the chain's without it) — a small kernel that must wait for its producer and hold up its
+consumer costs more there than alone.
 `python -m bench.layer_step [--batch 1,8,64] [--tokens 5] [--ctx 16384] [--layers 8]` writes
 bench/results/layer-step-<gpu>.json and .md. Fused as the model will take them: the GDN layer's in_proj_qkvz and
 in_proj_ba as one linear (layers.quant.concat_outputs), the KV write in qk_norm_rope, the attention output gate in
@@ -121,8 +123,8 @@ class Layer:
         """(name, launch) pairs in the order of DecoderLayer.forward; the residual stream is updated in place."""
         dm, B, T = self.dims, self.B, self.T
         M = B * T
-        ks = [("add_rmsnorm", lambda: add_rmsnorm(self.x, self.res, self.norm_w, dm.eps, h=self.res,
-                                                  y=self.mlp_out))]
+        ks = [("add_rmsnorm (input)", lambda: add_rmsnorm(self.x, self.res, self.norm_w, dm.eps, h=self.res,
+                                                          y=self.mlp_out))]
         y = self.mlp_out
         if self.kind == "gdn":
             conv_dim = self.conv_w.shape[0]
@@ -153,16 +155,18 @@ class Layer:
                                                           self.partials, self.nseg,
                                                           gate=self.gate.view(B, T, dm.hq, dm.d))),
                    ("o_proj", lambda: int4_linear(self.o.view(M, -1), self.out_proj, out=self.attn_out))]
-        ks += [("add_rmsnorm", lambda: add_rmsnorm(self.attn_out, self.res, self.norm_w, dm.eps, h=self.res,
-                                                   y=self.mlp_out)),
+        ks += [("add_rmsnorm (post-attention)", lambda: add_rmsnorm(self.attn_out, self.res, self.norm_w, dm.eps,
+                                                                    h=self.res, y=self.mlp_out)),
                ("mlp gate_up", lambda: int4_linear(y, self.gate_up, out=self.gu)),
                ("silu_mul", lambda: silu_mul(self.gu[:, :dm.inter], self.gu[:, dm.inter:], y=self.act)),
                ("mlp down", lambda: int4_linear(self.act, self.down, out=self.x))]
         return ks
 
-    def step(self):
-        for _, launch in self.kernels():
-            launch()
+    def step(self, skip=None):
+        """The layer's launches in order, but for kernel number `skip`."""
+        for i, (_, launch) in enumerate(self.kernels()):
+            if i != skip:
+                launch()
 
 
 def cycling(launches):
@@ -179,6 +183,8 @@ def run(batches, T, ctx, n_layers, device="cuda", dims=Dims(), timer=time_us):
         names = [name for name, _ in layers[0].kernels()]
         alone = {name: timer(cycling([dict(layer.kernels())[name] for layer in layers])) for name in names}
         chain = timer(lambda: [layer.step() for layer in layers]) / n_layers
+        in_chain = {name: chain - timer(lambda: [layer.step(skip=i) for layer in layers]) / n_layers
+                    for i, name in enumerate(names)}
         gpu.PDL_ENABLED = False
         chain_serial = timer(lambda: [layer.step() for layer in layers]) / n_layers
         gpu.PDL_ENABLED = True
@@ -192,7 +198,8 @@ def run(batches, T, ctx, n_layers, device="cuda", dims=Dims(), timer=time_us):
             rows.append(row(f"layer[{kind}] chained, outputs stored", shape, stored, layers[0].bytes(), 0, peak))
         rows.append(row(f"layer[{kind}] kernels alone, summed", shape, sum(alone.values()), layers[0].bytes(), 0,
                         peak))
-        rows += [row(f"  {kind}: {name}", shape, us, 0, 0, peak) for name, us in alone.items()]
+        rows += [row(f"  {kind}: {name}", shape, us, 0, 0, peak, in_chain=round(in_chain[name], 2))
+                 for name, us in alone.items()]
         del layers
         torch.cuda.empty_cache()
     return rows, peak

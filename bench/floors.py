@@ -1,0 +1,88 @@
+"""What a launch that does nothing but move a kernel's bytes achieves in bench.harness.time_us: the floor under the
+kernel's fraction of the copy peak. A kernel of the same bytes cannot beat it (it moves those bytes and more:
+dependent loads, arithmetic), so a target above the floor is out of reach in this harness on this GPU.
+
+`read_floor_us`: read nbytes once (a GEMV's weights, the KV of an attention step). `read_write_floor_us`: read
+nbytes once and write them `copies` times (a GDN verify step: its state read, the state after each token written).
+Each is the best over a few launch shapes, with and without programmatic dependent launch (where the GPU has it;
+the read-write floor's reads may then start before the previous launch completes, its writes wait for it), from a
+rotation of buffers (bench.harness.rotation), so every byte comes from or goes to HBM."""
+import itertools
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from bench.harness import rotation, time_us
+from kernels import device as gpu
+
+BLOCKS = (1024, 2048)           # int32 words a program moves per step (4 warps: 8 or 16 a thread)
+
+
+@triton.jit
+def _xor(a, b):
+    return a ^ b
+
+
+@triton.jit
+def _stream_kernel(src_ptr, dst_ptr, fold_ptr, n_words, per_prog, COPIES: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr, EARLY: tl.constexpr):
+    # src int32 [n_words], dst int32 [COPIES, n_words], fold int32 [programs]. Program p reads words
+    # [p·per_prog, (p + 1)·per_prog) once and writes them to each of dst's COPIES rows (COPIES 0: folds them into
+    # fold[p], a word a program). PDL: lets the next launch start at once, and waits for the previous one before
+    # everything, or (EARLY, with COPIES) only before its first write, so that its first reads overlap the previous
+    # launch, as a kernel's loads of what no kernel of the step writes may (a read-only launch reading everything
+    # before its wait would not be a kernel's floor: one that computes must wait for its inputs first).
+    if PDL:
+        gdc_launch_dependents()
+        if not EARLY:
+            gdc_wait()
+    p = tl.program_id(0)
+    lo = p * per_prog
+    hi = tl.minimum(lo + per_prog, n_words)
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in range(lo, hi, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        ok = offs < hi
+        x = tl.load(src_ptr + offs, mask=ok, other=0)
+        if COPIES == 0:
+            acc ^= x
+        else:
+            if PDL and EARLY:
+                if i == lo:
+                    gdc_wait()
+            for c in tl.static_range(COPIES):
+                tl.store(dst_ptr + c * n_words + offs, x, mask=ok)
+    if COPIES == 0:
+        tl.store(fold_ptr + p, tl.reduce(acc, 0, _xor))
+
+
+def _best(nbytes: int, copies: int) -> float:
+    dev = torch.device("cuda")
+    n = nbytes // 4
+    pair = lambda: (torch.empty(n, dtype=torch.int32, device=dev),
+                    torch.empty(max(copies, 1) * n if copies else 1, dtype=torch.int32, device=dev))
+    buffers = rotation(pair, nbytes * (1 + copies))
+    fold = torch.empty(16 * gpu.num_sms(dev), dtype=torch.int32, device=dev)
+    modes = [(False, False)] + ([(True, False)] + [(True, True)] * (copies > 0) if gpu.pdl(dev) else [])
+    best = float("inf")
+    for per_sm, block, (pdl, early) in itertools.product((4, 8, 16), BLOCKS, modes):
+        per = triton.cdiv(triton.cdiv(n, per_sm * gpu.num_sms(dev)), block) * block
+        grid = (triton.cdiv(n, per),)
+
+        def call():
+            src, dst = buffers()
+            _stream_kernel[grid](src, dst, fold, n, per, copies, block, pdl, early, num_warps=4, launch_pdl=pdl)
+        best = min(best, time_us(call))
+    return best
+
+
+def read_floor_us(nbytes: int) -> float:
+    """The least time in which a launch reads nbytes (a multiple of 4) in this harness."""
+    return _best(nbytes, 0)
+
+
+def read_write_floor_us(nbytes: int, copies: int) -> float:
+    """The least time in which a launch reads nbytes once and writes them `copies` times."""
+    return _best(nbytes, copies)
