@@ -46,6 +46,11 @@ no faster (B 1: 6.2-10.2 us): the per-token chain, not the stores, bounds them; 
 the warps along v and k_t, q_t in shared memory (one column a thread, 32-64 dk rows: no exchange, one or two
 shuffles a reduction): (8, 1, 4, v) 8.35 / 3.30 us at B 1, (16, 1, 2, v) 10.6 / 3.6 — the in-thread sums over 32-64
 rows are the longer chain.
+Session 21 (H200, fp16 dk fastest, T 5, us against (16, 2, 8, dk) in the same run): 8-column tiles, twice the
+warps per SM, slower at every width (B 4 / 8 / 64: 15.7 / 30.9 / 248 against 12.0 / 25.2 / 204); one shared
+allocation a token for the partial sums (the barrier analysis then leaves one CTA barrier a token instead of
+two) within noise (12.0 / 25.0 / 204). At B 1 the time is a fixed ~1.5 us and ~0.7 us a token (T 1: 2.2 us); a
+launch that only reads one state and writes it five times takes 2.9-3.1 us (bench/floors.py).
 Shapes and slots: as kernels/gdn_recurrent.gdn_verify (its docstring)."""
 import triton
 from triton.experimental import gluon

@@ -39,16 +39,19 @@ and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran
   Gluon's builder has create_async_tma_reduce): 0.1-0.5 µs faster at 2-8 rows (qkvz M = 5 13.4 against 13.6,
   attn 12.0 against 12.1), 0.4-0.9 slower at 16, and its sums of the qkvz shape were not bitwise the stored
   output in the first try (not chased).
-Measured on the H200 (bench/results/kernels-h200.md; the small shapes pay the launch's fixed latency: their copy
-floor is 0.72-0.90). Against the GPTQ layout (words copied as 16 rows of the group, read back 4 bytes at a time
-through a swizzle, activations permuted in registers, fp32 sums, one launch for 1-8 rows): M = 1 1-8% and M = 5
-5-11% faster. Tried and not kept: 3-4 ring stages (fewer CTAs fit the shared memory: slower), 64-column tiles,
-fewer registers (maxnreg) for 9-10 CTAs per SM (no faster), two register buffers, L2 prefetch instructions;
-activations as k pairs from global memory (16 4-byte loads per thread and group instead of 4 ldmatrix per warp:
-137 registers, and slower at 9-16); 64-column tiles with 3-5 stages at 6-16 CTAs of 1-2 warps, for more bytes in
-flight per SM (qkvz 14.0-17.2 against 13.2 µs at M = 1, 15.8-19.4 against 15.3 at M = 5). ncu at M = 1 and 5 (qkvz):
-the wait for a stage's copies holds 28-35% of the stall samples, yet across the shapes the time grows by 1.02x the
-copy roofline per byte: the stream keeps up, and what is left is ~2.7 µs fixed (start, flush, tail).
+Measured on the H200 (bench/results/kernels-h200.md; the small shapes pay the launch's fixed latency: a launch that
+only reads their bytes reaches 0.72-0.97 of the copy peak, bench/floors.py). Against the GPTQ layout (words copied
+as 16 rows of the group, read back 4 bytes at a time through a swizzle, activations permuted in registers, fp32
+sums, one launch for 1-8 rows): M = 1 1-8% and M = 5 5-11% faster. Tried and not kept: 3-4 ring stages (fewer CTAs
+fit the shared memory: slower), 64-column tiles, fewer registers (maxnreg) for 9-10 CTAs per SM (no faster), two
+register buffers, L2 prefetch instructions (session 21: each program's next 2-5 units past its ring, 8-32 MB a
+launch, issued before the PDL wait so that a small kernel before it would hide them: alone qkvz M = 5 15.5 against
+13.7 µs, and bench/layer_step's GDN layer at B1 T5 85.4-87.6 against 83.6, slower the more it prefetched);
+activations as k pairs from global memory (16 4-byte loads per thread and group instead of 4 ldmatrix per warp: 137
+registers, and slower at 9-16); 64-column tiles with 3-5 stages at 6-16 CTAs of 1-2 warps, for more bytes in flight
+per SM (qkvz 14.0-17.2 against 13.2 µs at M = 1, 15.8-19.4 against 15.3 at M = 5). ncu at M = 1 and 5 (qkvz): the
+wait for a stage's copies holds 28-35% of the stall samples, yet across the shapes the time grows by 1.02x the copy
+roofline per byte: the stream keeps up, and what is left is ~2.7 µs fixed (start, flush, tail).
 The flush is most of it: with each tile stored unreduced instead (wrong sums, for timing), qkvz takes 11.6 against
 13.2 µs at M = 1 and 12.5 (8 CTAs per SM) against 15.7 at M = 5, gate_up 23.1 against 25.0 and 24.2 against 27.7,
 out_proj 6.0 against 7.2 and 6.7 against 8.3. Two ways around it, both exact (bitwise this kernel's sums) and both
