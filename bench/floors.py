@@ -59,10 +59,12 @@ def _stream_kernel(src_ptr, dst_ptr, fold_ptr, n_words, per_prog, COPIES: tl.con
 
 
 def _best(nbytes: int, copies: int) -> float:
+    """The least time over the launch shapes and PDL placements (µs)."""
     dev = torch.device("cuda")
     n = nbytes // 4
-    pair = lambda: (torch.empty(n, dtype=torch.int32, device=dev),
-                    torch.empty(max(copies, 1) * n if copies else 1, dtype=torch.int32, device=dev))
+    def pair():                                         # a source and its destination (a word when none)
+        return (torch.empty(n, dtype=torch.int32, device=dev),
+                torch.empty(max(1, copies * n), dtype=torch.int32, device=dev))
     buffers = rotation(pair, nbytes * (1 + copies))
     fold = torch.empty(16 * gpu.num_sms(dev), dtype=torch.int32, device=dev)
     modes = [(False, False)] + ([(True, False)] + [(True, True)] * (copies > 0) if gpu.pdl(dev) else [])
