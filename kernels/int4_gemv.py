@@ -426,7 +426,10 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # sums: M = 1 114 registers, 14.5 warps per SM, 5.44M instructions; M = 5 146 registers, 10.8 warps, 5.71M
 # instructions — the same stream on 3/4 of the warps. Yet 8 CTAs at M = 2-8 (128 registers, no spills) are
 # slower but for qkvz at 2-5 rows (µs, 6 -> 8 per SM: qkvz M = 5 13.5 -> 13.2, attn 11.9 -> 12.5, gate_up 25.2 ->
-# 25.2, down 13.6 -> 14.6, out_proj 6.9 -> 7.5).
+# 25.2, down 13.6 -> 14.6, out_proj 6.9 -> 7.5). Deeper rings — more of the weights in flight before the PDL wait,
+# while a small kernel before the GEMV runs — do not pay inside a step either (session 21, bench/layer_step, B1 T5,
+# GDN / attention layer, us: 2 stages x 6 CTAs 83.3-83.7 / 96.1-96.3, 3 x 6 87.4-87.6 / 100.7-100.8, 4 x 5
+# 96.8-96.9 / 108.4-108.8, 6 x 3 102.2-102.6 / 114.6-115.0).
 ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True)),
                (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
                (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, sums_ctas_per_sm=3, marks=False)))
