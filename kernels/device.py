@@ -7,7 +7,9 @@ Programmatic dependent launch (sm_90+, `pdl`): a kernel launched with launch_pdl
 kernel of the stream finishes, so its launch and its loads of data no kernel of the step writes (weights, caches
 of earlier steps, sampling parameters) overlap the predecessor. Such a kernel calls `pdl_wait` on every path
 before it reads anything an earlier kernel wrote and before it writes anything; `pdl_wait` returns once the
-previous kernel has completed, which (since that one waited too) means every earlier kernel has."""
+previous kernel has completed, which (since that one waited too) means every earlier kernel has. Captured into
+a CUDA graph the overlap holds (H200, bench.harness.time_us: a launch spinning 3 µs before its wait and 3 µs after
+it, back to back, 4.0 µs a launch against 7.1 without PDL)."""
 import functools
 import os
 

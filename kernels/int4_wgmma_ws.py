@@ -384,7 +384,9 @@ def launch(m: int, n: int, k: int, sms: int):
     add. Ring stages count: 192-token tiles with 3 stages took 11-13% longer than with 4 (qkvz 192 rows 48.3).
     Prefill-sized calls take them too (us, against the launch before them): 512 rows qkvz 115.7 / 125.4, out_proj
     51.7 / 54.4; 1024 rows qkvz 225 / 246, gate_up 507 / 539; 4096 rows qkvz 934 / 1069, out_proj 353 / 391,
-    gate_up 1976 / 2541, down 1051 / 1126."""
+    gate_up 1976 / 2541, down 1051 / 1126. Not taken (session 21): 320-token tiles (256 + 64: 2 ring stages, no
+    overlap), whole, at 320 rows — qkvz 73.8 against 75.2 (cuBLAS 73.0), attn 73.3 against 73.5; in stream-K
+    ranges, and at the other shapes, slower."""
     if m < MIN_ROWS:
         return None
     groups = k // 128
