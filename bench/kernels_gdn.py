@@ -84,7 +84,8 @@ def verify_rows(peak, sweep):
         slots = torch.arange(B * T, dtype=torch.int32, device=DEV).view(B, T)
         num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV)
         o = torch.empty(B, T, HV, D, device=DEV, dtype=torch.bfloat16)
-        nbytes = (1 + T) * B * HV * D * D * sdt.itemsize + B * T * (C + 2 * HV + HV * D) * 2
+        state_bytes = B * HV * D * D * sdt.itemsize                  # one state of every sequence
+        nbytes = (1 + T) * state_bytes + B * T * (C + 2 * HV + HV * D) * 2
         for dk_major in (True, False):
             pool = (state_pool(B * T, HV, D, D, sdt, DEV) if dk_major
                     else torch.zeros(B * T, HV, D, D, device=DEV, dtype=sdt))
@@ -105,7 +106,7 @@ def verify_rows(peak, sweep):
                           nbytes, 8 * B * T * HV * D * D, peak, out)
             del pool
         if B == 1 and sdt == torch.float16:
-            floor_rows(nbytes, B * HV * D * D * sdt.itemsize, (B, HV, D // 16), peak, out)
+            floor_rows(nbytes, state_bytes, (B, HV, D // 16), peak, out)
     return out
 
 
