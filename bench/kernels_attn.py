@@ -1,5 +1,6 @@
 """Attention kernels at the 27B shapes (Hq 24, Hkv 4, D 256): split-KV verify (q_len 5) over fp8 / bf16 KV for
-B ∈ {1, 8, 64} × ctx {1.5k, 16k, 64k}, torch SDPA as the peer at B = 1, the KV writer and prefill.
+B ∈ {1, 8, 64} × ctx {1.5k, 16k, 64k} (on sm_90 with V keys-fastest the Gluon kernel, and the Triton one beside
+it), torch SDPA as the peer at B = 1, the KV writer and prefill.
 Bytes counted: the KV the attention must read (all kv_lens × Hkv × D × 2 tensors) plus q and out; partials and
 the combine are overhead. Beside each fp8 case, `read floor`: a launch that only reads its KV bytes
 (bench/floors.py: no kernel of them beats it in this harness). `python -m bench.kernels_attn --sweep` times launch
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 
 from bench.floors import read_floor_us
 from bench.harness import measure_bandwidth, row, suite_main, time_us
+from kernels import attention_verify_gluon
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
                                       kv_format, verify_attention)
@@ -70,9 +72,15 @@ def verify_rows(peak, sms):
         # V stored keys-fastest, as kernels/kv_write.kv_cache allocates it: the GPU's own e4m3 conversion where it
         # has one, and the integer decode that sm_86 takes
         case = case[:2] + (v_transposed(case[2]),) + case[3:]
-        for fmt in dict.fromkeys((kv_format(case[1]), KV_FP8_BITS)):
-            us = time_verify(case, nseg, partials, kv_fmt=fmt)
-            rows_out.append(row(f"attn_verify[{FMT_NAME[fmt]}, V keys-fastest]", f"B{B} ctx{ctx} q{Q_LEN}", us,
+        # (on sm_90 the native conversion's launch is the Gluon kernel, kernels/attention_verify_gluon.py: the
+        # Triton kernel beside it)
+        own = kv_format(case[1])
+        for fmt, gluon in dict.fromkeys(((own, None), (own, False), (KV_FP8_BITS, None))):
+            if gluon is False and not attention_verify_gluon.supports(case[0], case[1], case[2], fmt):
+                continue
+            us = time_verify(case, nseg, partials, kv_fmt=fmt, gluon=gluon)
+            name = f"{FMT_NAME[fmt]}, V keys-fastest" + (", triton" if gluon is False else "")
+            rows_out.append(row(f"attn_verify[{name}]", f"B{B} ctx{ctx} q{Q_LEN}", us,
                                 verify_bytes(B, ctx, 1), 4 * B * Q_LEN * HQ * ctx * D, peak, nseg=nseg))
         del case
         if B == 1:

@@ -1,6 +1,8 @@
 """Split-KV attention for verify/decode (q_len = 1…8 new tokens per sequence) over the KV cache, plus the LSE
 combine of the KV segments (ENGINE.md §4, fp8 KV §5). The same kernel, with one segment and several row tiles,
-is the prefill kernel (kernels/attention_prefill.py). Cache layout: kernels/kv_write.py.
+is the prefill kernel (kernels/attention_prefill.py). Cache layout: kernels/kv_write.py. On sm_90 an fp8 cache
+(V keys-fastest) is attended by kernels/attention_verify_gluon.py instead (same partials and combine; the notes
+below are this kernel's).
 
 GQA packing: one program owns one kv head and a tile of BLOCK_M packed rows of one sequence; packed row r is
 query token r // G of q head kvh·G + r % G, so a 5-token verify at G = 6 is a single 32-row tile and K/V are read
@@ -61,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import device as gpu
+from kernels import attention_verify_gluon, device as gpu
 from kernels.device import pdl_wait
 from kernels.fp8 import E4M3_BITS_UNIT, decode_e4m3_ref, e4m3_decode
 from kernels.kv_write import cache_args
@@ -246,14 +248,16 @@ def default_launch(block_m: int, capability: tuple) -> tuple:
 
 
 def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials=None, nseg=1, gate=None,
-           block_m=None, block_n=None, kv_fmt=None, num_warps=None, num_stages=None):
+           block_m=None, block_n=None, kv_fmt=None, num_warps=None, num_stages=None, gluon=None):
     """Attention of the q_len new tokens of each row over its cache (which already holds them).
     q, out [B, q_len, Hq, D]; caches [slots, Hkv, max_len, D] (uint8 e4m3 codes or bf16; V any strided view, best
     keys-fastest as kernels/kv_write.kv_cache allocates it); scales [Hkv] fp32
     (None for bf16); cache_rows, kv_lens [B] int32; partials from alloc_partials when nseg > 1; gate None or like q
     (last dim contiguous): out = attention · gate, the gated-attention output gate (sigmoid already applied).
     block_m None packs all q_len·G rows in one tile (verify); prefill passes a tile size. A decode step whose rows
-    must be bitwise those of a verify step (greedy with drafting == without) passes the verify's block_m."""
+    must be bitwise those of a verify step (greedy with drafting == without) passes the verify's block_m.
+    gluon: None takes kernels/attention_verify_gluon.py for a one-tile launch at the default tiles wherever it runs
+    (its `supports`), True / False that kernel / this one."""
     B, q_len, hq, D = q.shape
     hkv = k_cache.shape[1]
     G = hq // hkv
@@ -262,6 +266,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     cache, cache_strides, _ = cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, hkv, D)
     rows = q_len * G
     block_m = block_m or max(16, triton.next_power_of_2(rows))
+    as_tuned = block_n is None and num_warps is None and num_stages is None
     dflt_n, dflt_warps, dflt_stages = default_launch(block_m, gpu.capability(q.device))
     block_n, num_warps, num_stages = block_n or dflt_n, num_warps or dflt_warps, num_stages or dflt_stages
     n_tiles = triton.cdiv(rows, block_m)
@@ -277,12 +282,20 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     if gated:
         assert gate.shape == q.shape and gate.stride(-1) == 1, "gate: [B, q_len, Hq, D], last dim contiguous"
     g, s_gate = (gate, gate.stride()[:3]) if gated else (out, (0, 0, 0))
-    _attend_kernel[(B * n_tiles, hkv, nseg)](
-        q, *cache, out, part, g,
-        q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D), k_cache.shape[2],
-        *q.stride()[:3], *out.stride()[:3], *cache_strides, *s_part, *s_gate,
-        G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, GATED=gated, DOT_FP32=gpu.INTERPRET,
-        num_warps=num_warps, num_stages=num_stages, **pdl)
+    if gluon is None:       # the Gluon kernel wherever it runs, for a verify (one row tile) at default tiles
+        gluon = n_tiles == 1 and as_tuned and attention_verify_gluon.supports(q, k_cache, v_cache, fmt, block_m)
+    if gluon:
+        assert n_tiles == 1 and attention_verify_gluon.supports(q, k_cache, v_cache, fmt, block_m)
+        attention_verify_gluon.attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials,
+                                      nseg, gate, rows=block_m)
+        block_n = attention_verify_gluon.BLOCK_N.value
+    else:
+        _attend_kernel[(B * n_tiles, hkv, nseg)](
+            q, *cache, out, part, g,
+            q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D), k_cache.shape[2],
+            *q.stride()[:3], *out.stride()[:3], *cache_strides, *s_part, *s_gate,
+            G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, GATED=gated,
+            DOT_FP32=gpu.INTERPRET, num_warps=num_warps, num_stages=num_stages, **pdl)
     if split:
         block_d = combine_block_d(B, hq, D)
         _combine_kernel[(B, q_len * hq, D // block_d)](

@@ -335,3 +335,60 @@ def test_verify_graph_capture():
     out.fill_(math.nan)
     graph.replay()
     assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
+
+
+# ---- the Gluon kernel (sm_90 wgmma, kernels/attention_verify_gluon.py) -------------------------------------
+
+def hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def round_up(lens):
+    """A cache length past every sequence's, a multiple of 64 (the Gluon kernel copies V rows 16 bytes at a time)."""
+    return -(-(max(lens) + 3) // 64) * 64
+
+
+GLUON_CASES = [  # B, q_len, Hq, Hkv, D, kv_lens, nseg, gated, padding (row 0 a padding row: zeros)
+    (4, 5, 24, 4, 256, [1536, 16384, 5, 777], 64, False, False),
+    (4, 5, 24, 4, 256, [1536, 16384, 5, 777], 7, True, True),
+    (4, 5, 24, 4, 256, [1536, 1000, 5, 64], 1, True, False),
+    (3, 1, 24, 4, 256, [300, 4000, 9], 16, False, False),
+    (3, 8, 24, 4, 256, [300, 4000, 9], 16, False, False),       # 48 packed rows
+    (2, 5, 16, 2, 128, [2000, 130], 5, False, False),           # head dim 128, G 8: 40 rows
+    (2, 2, 4, 2, 128, [65, 3], 3, False, True),                 # 4 rows on a 16-wide tile
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="wgmma: sm_90")
+@pytest.mark.parametrize("B,q_len,hq,hkv,D,lens,nseg,gated,padding", GLUON_CASES)
+def test_verify_attention_gluon(B, q_len, hq, hkv, D, lens, nseg, gated, padding):
+    q, kc, vc, ks, vs, rows, kv_lens = setup(B, q_len, hq, hkv, D, lens, True, vt=True, max_len=round_up(lens))
+    if padding:
+        rows[0] = -1
+    gate = torch.rand_like(q) if gated else None
+    out = torch.full_like(q, float("nan"))
+    partials = alloc_partials(B, hq, 8, 64, D, DEV).fill_(float("nan"))
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, gate=gate, kv_fmt=KV_FP8_NATIVE,
+                     gluon=True)
+    ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens) * (gate.float() if gated else 1)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
+    if padding:
+        assert (out[0] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="wgmma: sm_90")
+def test_verify_rows_are_width_invariant_gluon():
+    """As test_verify_rows_are_width_invariant, for the Gluon kernel at the 27B shape (the same rows tile)."""
+    q, kc, vc, ks, vs, rows, _ = setup(2, 5, 24, 4, 256, [3000, 99], True, vt=True, max_len=round_up([3000]))
+    lens = torch.tensor([3000, 99], dtype=torch.int32, device=DEV)
+    part = alloc_partials(2, 24, 8, 16, 256, DEV)
+    verify = torch.empty_like(q, dtype=torch.float32)
+    verify_attention(q, kc, vc, ks, vs, rows, lens, verify, part, 16, block_m=32, kv_fmt=KV_FP8_NATIVE, gluon=True)
+    for i in range(5):
+        alone = torch.empty_like(verify[:, i:i + 1])
+        verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, lens - 4 + i, alone, part, 16,
+                         block_m=32, kv_fmt=KV_FP8_NATIVE, gluon=True)
+        assert torch.equal(alone[:, 0], verify[:, i])

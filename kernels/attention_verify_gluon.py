@@ -1,0 +1,284 @@
+"""Split-KV verify/decode attention over an fp8 KV cache on Hopper (sm_90, Gluon): the contract, partials and
+combine of kernels/attention_verify.py, which takes this kernel wherever `supports` says it runs.
+
+Why a second kernel: the Triton kernel puts the packed query rows (5 tokens x 6 heads = 30) on the mma's M side
+and its 4 warps along the keys, so every tile's row max, row sum and P cross the warps through shared memory (8 CTA
+barriers and ~1,130 instructions a warp and 64-key tile). Here the roles are swapped, the query rows on the N side
+(8-64 wide, no padding to 64): S^T = K·Q^T on wgmma (keys on M, a warp per 16 keys; Q^T in shared memory) and
+O^T = V^T·P^T on mma.sync (head dim on M, a warp per 64 rows; P^T handed over through shared memory):
+* K and V^T are A operands in registers: each warp decodes only its own part of the fp8 tile, one native
+  conversion per two codes, read from shared memory 16 bytes at a time. For those reads to be whole fragments the
+  contraction orders are permuted: element k of the QK product is byte `_qk_dim(k)` of a key (Q^T is stored
+  permuted to match, once a program) and key k of the P·V product is key `_pv_key(k)` of the tile (row m of the
+  K tile holds key `_pv_key(m)`, so S^T's row m, P^T's row m and V^T's column m are one key): nothing moves.
+* One column-max exchange between the warps a tile; the column sums stay per thread until the end.
+* P^T is mma.sync's operand, not a wgmma's: a wgmma reading shared memory that threads wrote needs a proxy fence,
+  which compiles to MEMBAR.ALL.CTA and so waits for the ring's copies in flight.
+~640 instructions a warp and tile (SASS), 248 registers, 2 CTAs per SM. H200, us against the Triton kernel in
+the same run (bench/results/kernels-h200.md: 5 tokens, choose_nseg's segments): B1 1.5k / 16k / 64k 12.2 / 18.9 /
+47.0 against 10.5 / 19.6 / 50.3, B8 16k / 64k 82.6 / 301 against 88.9 / 345, B64 1.5k / 16k / 64k 66.1 / 621 /
+2670 against 72.0 / 738 / 2997. Still latency-bound (ncu, B64 16k: issue slots 36% busy, 0.49 eligible of 1.95
+warps a scheduler, the tensor pipe 36%), and with one tile a program in flight: an L2 prefetch of the tile after
+it takes B64 16k from 664 to 618 us where the tiles are consecutive (one segment) and costs 4-12% elsewhere (so
+it is issued only there). At one sequence and 1.5k it is the slower kernel (a program's single tile pays the
+prologue). Tried and not kept (same harness): QK on e4m3 wgmma straight from the ring (q as e4m3 hi + lo, no K
+conversion: 16 fewer instructions a tile): no faster, and its first outputs were wrong; the V conversions
+overlapped with the QK wgmma: no change; rings of 3-4 stages (1 CTA per SM): 720 us at B64 16k.
+KV: uint8 e4m3 codes, V stored keys-fastest (kernels/kv_write.kv_cache), cache length a multiple of 16; head dim
+128 or 256; up to 64 packed rows (at 64, q_len 8 with G 6, registers spill: correct, slower). Reference:
+kernels/attention_verify.attention_ref."""
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from kernels import device as gpu
+from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
+from kernels.kv_write import cache_args
+
+BLOCK_N = gl.constexpr(64)     # keys a tile: one wgmma M
+_NEG = gl.constexpr(-1.0e30)
+
+
+@gluon.jit
+def _pv_key(m):
+    """The key of a 64-key tile that the P·V product's contraction index m reads: a thread's A fragment (V^T) holds
+    m = 16s + 8j1 + 2t + j0 (k steps s), read as keys 16t + 4s + 2j1 + j0 (16 contiguous bytes of a V^T row)."""
+    return (m & 1) | ((m >> 3) & 1) << 1 | ((m >> 4) & 3) << 2 | ((m >> 1) & 3) << 4
+
+
+@gluon.jit
+def _qk_dim(k):
+    """The byte of a key that the QK product's contraction index k reads: a thread's A fragment (k = 64c + 16s +
+    8j1 + 2t + j0) is unit 2t + c0 + 8c1 of the key's row (16 bytes; conflict-free under the 128-byte swizzle)."""
+    return (k & 1) | ((k >> 3) & 7) << 1 | ((k >> 6) & 1) << 4 | ((k >> 1) & 3) << 5 | ((k >> 7) & 1) << 7
+
+
+def load_layouts(D: int):
+    """(K tile [64, D] codes as read for the QK A operand, V^T tile [D, 64] for the P·V one): registers 0-3 a
+    16-byte unit, then the fragment's other rows and chunks; lanes and warps as the wgmma fragment's."""
+    k_regs = [[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [0, 16]] + ([[0, 128]] if D == 256 else [])
+    k_load = gl.DistributedLinearLayout(reg_bases=k_regs, lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
+                                        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BLOCK_N.value, D])
+    v_regs = [[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [64, 0]] + ([[128, 0]] if D == 256 else [])
+    v_load = gl.DistributedLinearLayout(reg_bases=v_regs, lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]],
+                                        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[D, BLOCK_N.value])
+    return k_load, v_load
+
+
+@gluon.jit
+def _k_operand(codes, D: gl.constexpr, a_op: gl.constexpr):
+    """K tile codes [64, D] (columns = bytes) -> fp16 A operand [64, D] (columns in `_qk_dim` order): a relabelling."""
+    x = codes.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+    if D == 256:
+        x = gl.reshape(x, [BLOCK_N, 2, 2, 2, 2, 2, 2, 2, 2])        # byte bits 7 … 0
+        x = gl.permute(x, [0, 1, 4, 5, 6, 7, 2, 3, 8])               # k bits 7 … 0
+    else:
+        x = gl.reshape(x, [BLOCK_N, 2, 2, 2, 2, 2, 2, 2])            # byte bits 6 … 0
+        x = gl.permute(x, [0, 3, 4, 5, 6, 1, 2, 7])
+    return gl.convert_layout(gl.reshape(x, [BLOCK_N, D]), a_op, assert_trivial=True)
+
+
+@gluon.jit
+def _v_operand(codes, D: gl.constexpr, a_op: gl.constexpr):
+    """V^T tile codes [D, 64] (columns = keys) -> fp16 A operand [D, 64] (columns in `_pv_key` order)."""
+    x = codes.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+    x = gl.reshape(x, [D, 2, 2, 2, 2, 2, 2])                         # key bits 5 … 0
+    x = gl.permute(x, [0, 3, 4, 5, 1, 2, 6])
+    return gl.convert_layout(gl.reshape(x, [D, BLOCK_N]), a_op, assert_trivial=True)
+
+
+@gluon.jit
+def _copy_tile(k_stage, v_stage, k_base, v_base, n0, hi, max_len, s_cn, k_key, k_off, v_key, v_off):
+    """Keys n0 … n0 + 63 into a ring stage (cp.async, 16 bytes a copy): row m of the K stage holds key n0 + _pv_key(m)
+    (keys from hi on: zeros), V^T stage as stored (keys below max_len: finite, kernels/kv_write.py). The offsets
+    within a tile (k_off, v_off: int32) are loop invariants; a tile moves the scalar bases only."""
+    async_copy.async_copy_global_to_shared(k_stage, k_base + n0.to(gl.int64) * s_cn + k_off, mask=k_key < hi - n0)
+    async_copy.async_copy_global_to_shared(v_stage, v_base + n0 + v_off, mask=v_key < max_len - n0)
+
+
+@gluon.jit
+def _prefetch_tile(k_base, v_base, n0, s_cn, s_vd, D: gl.constexpr, pf_l: gl.constexpr):
+    """Keys n0 … n0 + 63 of K and V into L2 (prefetch.global.L2, one 128-byte line of K and D / 128 rows of V a
+    thread): the ring holds one tile in flight per program; the bus needs more."""
+    t = gl.arange(0, 128, layout=pf_l)
+    k = k_base + n0.to(gl.int64) * s_cn + t * (BLOCK_N * D // 128)
+    gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [k], dtype=gl.int32, is_pure=False, pack=1)
+    for j in gl.static_range(D // 128):
+        v = v_base + (t + 128 * j).to(gl.int64) * s_vd + n0
+        gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [v], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+
+
+@gluon.jit
+def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, out_ptr, part_ptr, gate_ptr,
+                   q_len, nseg, qk_scale, max_len,
+                   s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, s_cs, s_ch, s_cn, s_vs, s_vh, s_vd, s_pb, s_ph, s_pt, s_ps,
+                   s_gb, s_gt, s_gh,
+                   k_load: gl.constexpr, v_load: gl.constexpr, G: gl.constexpr, D: gl.constexpr, R: gl.constexpr,
+                   STAGES: gl.constexpr, SPLIT: gl.constexpr, GATED: gl.constexpr, PDL: gl.constexpr,
+                   PF: gl.constexpr):
+    # q, out [B, q_len, Hq, D] (D contiguous); k cache [slots, Hkv, max_len, D] uint8 (D contiguous), v cache of
+    # the same shape, keys contiguous (s_vd its head-dim stride); k/v scales [Hkv] fp32; cache_rows, kv_lens [B]
+    # int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 (SPLIT); gate like out (GATED). Grid (B, Hkv, nseg):
+    # program (b, kvh, seg) attends the R packed rows (row r: token r // G of head kvh·G + r % G) over key tiles
+    # seg, seg + nseg, … (as the Triton kernel: the same tiles, in the same order).
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, 16])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+    a_o: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    b_o: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=o_l, k_width=2)
+    o_cols_l: gl.constexpr = gl.SliceLayout(0, o_l)
+    k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // D, D // 16], [4, 1], [1, 0])
+    v_copy: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    q_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    k_smem_l: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+    v_smem_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    op_smem_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    p_smem_l: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    cols_l: gl.constexpr = gl.SliceLayout(0, acc_l)                 # [R]: one value per packed row
+    keys_l: gl.constexpr = gl.SliceLayout(1, acc_l)                 # [64] / [D]: one per tile row
+
+    b = gl.program_id(0)
+    kvh = gl.program_id(1)
+    seg = gl.program_id(2)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    slot = gl.load(rows_ptr + b)
+    kv_len = gl.where(slot >= 0, gl.load(lens_ptr + b), 0)         # padding rows attend to nothing and output 0
+    start = seg * BLOCK_N
+    # segments past the end are skipped; the combine stops at the same count. Without a split, always write.
+    if (start < kv_len) | (nseg == 1):
+        k_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, D], k_smem_l)
+        v_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, D, BLOCK_N], v_smem_l)
+        q_smem = gl.allocate_shared_memory(gl.float16, [R, D], op_smem_l)
+        p_smem = gl.allocate_shared_memory(gl.float16, [R, BLOCK_N], p_smem_l)
+        k_base = kc_ptr + slot.to(gl.int64) * s_cs + kvh * s_ch
+        v_base = vc_ptr + slot.to(gl.int64) * s_vs + kvh * s_vh
+        k_key = gl.expand_dims(_pv_key(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_copy))), 1)
+        k_off = k_key * s_cn + gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, k_copy)), 0)
+        k_key = k_key + gl.zeros([BLOCK_N, D], gl.int32, k_copy)
+        v_key = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, v_copy)), 0)
+        v_off = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, v_copy)), 1) * s_vd + v_key
+        v_key = v_key + gl.zeros([D, BLOCK_N], gl.int32, v_copy)
+        hi = kv_len
+        step = nseg * BLOCK_N
+        for j in gl.static_range(STAGES - 1):
+            _copy_tile(k_ring.index(j), v_ring.index(j), k_base, v_base, start + j * step, hi, max_len, s_cn,
+                       k_key, k_off, v_key, v_off)
+            async_copy.commit_group()
+
+        # Q^T, permuted along the head dim as the K fragments are (qk_dim) and times the score scale (log2 units,
+        # the K scale folded in), into shared memory as the B operand
+        score_scale = qk_scale * gl.load(ks_ptr + kvh)
+        v_unit = gl.load(vs_ptr + kvh)
+        qr = gl.arange(0, R, layout=gl.SliceLayout(1, q_l))
+        qk = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
+        q = gl.load(q_ptr + b * s_qb + gl.expand_dims((qr // G) * s_qt + (kvh * G + qr % G) * s_qh, 1)
+                    + gl.expand_dims(_qk_dim(qk), 0), mask=gl.expand_dims(qr < q_len * G, 1), other=0.0)
+        q_smem.store((q.to(gl.float32) * score_scale).to(gl.float16))
+
+        r = gl.arange(0, R, layout=cols_l)
+        tok = r // G
+        head = kvh * G + r % G
+        row_ok = r < q_len * G
+        last = gl.expand_dims(kv_len - q_len + tok, 0)                  # causal limit of each packed row
+        m_key = _pv_key(gl.arange(0, BLOCK_N, layout=keys_l))          # tile row m holds key n0 + m_key[m]
+
+        m_i = gl.full([R], _NEG, gl.float32, cols_l)
+        l_acc = gl.zeros([BLOCK_N, R], gl.float32, acc_l)               # column sums, kept per thread
+        acc = gl.zeros([D, R], gl.float32, o_l)                         # O^T
+        fence_async_shared()                        # Q^T's store is visible to the tensor cores' reads
+        n_tiles = gl.cdiv(hi - start, step)
+        for i in range(0, n_tiles):
+            n0 = start + i * step
+            async_copy.wait_group(STAGES - 2)       # this thread's copies of tile i have landed
+            gl.thread_barrier()                     # everyone's have; everyone is done with tile i - 1
+            nxt = (i + STAGES - 1) % STAGES
+            _copy_tile(k_ring.index(nxt), v_ring.index(nxt), k_base, v_base, n0 + (STAGES - 1) * step, hi,
+                       max_len, s_cn, k_key, k_off, v_key, v_off)
+            async_copy.commit_group()
+            if PF > 0:
+                if n0 + (STAGES - 1 + PF) * step < hi:
+                    _prefetch_tile(k_base, v_base, n0 + (STAGES - 1 + PF) * step, s_cn, s_vd, D,
+                                   gl.BlockedLayout([1], [32], [4], [0]))
+            cur = i % STAGES
+            a_k = _k_operand(k_ring.index(cur).load(k_load), D, a_op)
+            s = warpgroup_mma(a_k, q_smem.permute((1, 0)), gl.zeros([BLOCK_N, R], gl.float32, acc_l),
+                              use_acc=False)
+            key = gl.expand_dims(n0 + m_key, 1)
+            s = gl.where(key <= last, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 0))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s - gl.expand_dims(m_new, 0))
+            l_acc = l_acc * gl.expand_dims(alpha, 0) + p
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_cols_l), 0)
+            m_i = m_new
+            # P^T to the other warps through shared memory, as mma.sync's B operand (a wgmma reading it would
+            # need a proxy fence, which waits for the ring's copies in flight)
+            p_smem.store(gl.permute(p.to(gl.float16), (1, 0)))
+            gl.thread_barrier()
+            a_v = _v_operand(v_ring.index(cur).load(v_load), D, a_o)
+            acc = mma_v2(a_v, p_smem.permute((1, 0)).load(b_o), acc)
+        async_copy.wait_group(0)
+        acc = acc * v_unit
+        l_i = gl.convert_layout(gl.sum(l_acc, 0), o_cols_l)
+        m_i = gl.convert_layout(m_i, o_cols_l)
+        r = gl.arange(0, R, layout=o_cols_l)
+        tok = r // G
+        head = kvh * G + r % G
+        row_ok = r < q_len * G
+        d = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, o_l)), 1)
+        if SPLIT:
+            p_row = part_ptr + b * s_pb + head * s_ph + tok * s_pt + seg * s_ps
+            gl.store(gl.expand_dims(p_row, 0) + d, acc, mask=gl.expand_dims(row_ok, 0) & (d >= 0))
+            gl.store(p_row + D, m_i, mask=row_ok)
+            gl.store(p_row + D + 1, l_i, mask=row_ok)
+        else:
+            o = gl.where(gl.expand_dims(l_i, 0) > 0, acc / gl.expand_dims(l_i, 0), 0.0)
+            mask = gl.expand_dims(row_ok, 0) & (d >= 0)
+            if GATED:
+                o = o * gl.load(gate_ptr + b * s_gb + gl.expand_dims(tok * s_gt + head * s_gh, 0) + d, mask=mask,
+                                other=0.0).to(gl.float32)
+            gl.store(out_ptr + b * s_ob + gl.expand_dims(tok * s_ot + head * s_oh, 0) + d,
+                     o.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def supports(q, k_cache, v_cache, kv_fmt, rows=None) -> bool:
+    """Whether this kernel takes the call: sm_90 (wgmma) with e4m3 codes decoded natively, V keys-fastest, a cache
+    length that keeps V's rows 16-byte aligned, head dim 128 / 256, at most 64 packed rows."""
+    from kernels.attention_verify import KV_FP8_NATIVE
+    B, q_len, hq, D = q.shape
+    return (not gpu.INTERPRET and q.device.type != "cpu" and gpu.capability(q.device) == (9, 0)
+            and kv_fmt == KV_FP8_NATIVE and D in (128, 256) and v_cache.stride(2) == 1 and k_cache.stride(3) == 1
+            and k_cache.shape[2] % 16 == 0 and max(rows or 0, q_len * (hq // k_cache.shape[1])) <= 64)
+
+
+def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials, nseg, gate=None, rows=None):
+    """As kernels/attention_verify.attend's attend step (the combine is the caller's): writes partials when
+    nseg > 1, else out. rows: the packed-row tile (N of the products), default the next power of 2 ≥ q_len·G
+    (≥ 8); a decode step whose rows must be bitwise a verify step's passes the verify's."""
+    B, q_len, hq, D = q.shape
+    hkv = k_cache.shape[1]
+    G = hq // hkv
+    R = rows or max(8, triton.next_power_of_2(q_len * G))
+    assert q_len * G <= R <= 64 and q.stride(-1) == 1 and out.stride(-1) == 1
+    cache, cache_strides, _ = cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, hkv, D)
+    s_cs, s_ch, s_cn, s_vs, s_vh, s_vn, s_vd = cache_strides
+    assert s_vn == 1, "V keys-fastest"
+    split = nseg > 1
+    part = partials if split else out
+    s_part = partials.stride()[:4] if split else (0, 0, 0, 0)
+    g, s_gate = (gate, gate.stride()[:3]) if gate is not None else (out, (0, 0, 0))
+    pdl = gpu.pdl(q.device)
+    _attend_kernel[(B, hkv, nseg)](
+        q, *cache, out, part, g, q_len, nseg, math.log2(math.e) / math.sqrt(D), k_cache.shape[2],
+        *q.stride()[:3], *out.stride()[:3], s_cs, s_ch, s_cn, s_vs, s_vh, s_vd, *s_part, *s_gate,
+        *load_layouts(D), G=G, D=D, R=R, STAGES=2, PF=int(nseg == 1), SPLIT=split, GATED=gate is not None, PDL=pdl,
+        num_warps=4, launch_pdl=pdl)
+    return out
