@@ -12,8 +12,10 @@ O^T = V^T·P^T on mma.sync (head dim on M, a warp per 64 rows; P^T handed over t
   permuted to match, once a program) and key k of the P·V product is key `_pv_key(k)` of the tile (row m of the
   K tile holds key `_pv_key(m)`, so S^T's row m, P^T's row m and V^T's column m are one key): nothing moves.
 * One column-max exchange between the warps a tile; the column sums stay per thread until the end.
-* P^T is mma.sync's operand, not a wgmma's: a wgmma reading shared memory that threads wrote needs a proxy fence,
-  which compiles to MEMBAR.ALL.CTA and so waits for the ring's copies in flight.
+* P^T is mma.sync's operand (read with ldmatrix, after one CTA barrier). The P·V product on wgmma (P^T in the
+  NVMMA layout, a proxy fence a tile) measured the same: 0.86 of the Triton kernel's time at B64 16k either way.
+  (The fence, MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, does not wait for the ring's copies in flight: a probe, H200,
+  64 ns after 16 KB of cp.async were issued, which landed ~600 ns after.)
 ~640 instructions a warp and tile (SASS), 248 registers, 2 CTAs per SM. H200, us against the Triton kernel in
 the same run (bench/results/kernels-h200.md: 5 tokens, choose_nseg's segments): B1 1.5k / 16k / 64k 12.2 / 18.9 /
 47.0 against 10.5 / 19.6 / 50.3, B8 16k / 64k 82.6 / 301 against 88.9 / 345, B64 1.5k / 16k / 64k 66.1 / 621 /
@@ -219,8 +221,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
             l_acc = l_acc * gl.expand_dims(alpha, 0) + p
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_cols_l), 0)
             m_i = m_new
-            # P^T to the other warps through shared memory, as mma.sync's B operand (a wgmma reading it would
-            # need a proxy fence, which waits for the ring's copies in flight)
+            # P^T to the other warps through shared memory, as mma.sync's B operand
             p_smem.store(gl.permute(p.to(gl.float16), (1, 0)))
             gl.thread_barrier()
             a_v = _v_operand(v_ring.index(cur).load(v_load), D, a_o)
