@@ -25,7 +25,9 @@ it takes B64 16k from 664 to 618 us where the tiles are consecutive (one segment
 it is issued only there). At one sequence and 1.5k it is the slower kernel (a program's single tile pays the
 prologue). Tried and not kept (same harness): QK on e4m3 wgmma straight from the ring (q as e4m3 hi + lo, no K
 conversion: 16 fewer instructions a tile): no faster, and its first outputs were wrong; the V conversions
-overlapped with the QK wgmma: no change; rings of 3-4 stages (1 CTA per SM): 720 us at B64 16k.
+overlapped with the QK wgmma: no change; rings of 3-4 stages (1 CTA per SM): 720 us at B64 16k; 3 stages at 2
+CTAs per SM (P^T in the K stage just read: 115,200 bytes a CTA), two tiles in flight a program: 4-7% slower at
+every shape (B64 16k 662 against 626-655, B8 16k 89.5 against 85.5).
 KV: uint8 e4m3 codes, V stored keys-fastest (kernels/kv_write.kv_cache), cache length a multiple of 16; head dim
 128 or 256; up to 64 packed rows (at 64, q_len 8 with G 6, registers spill: correct, slower). Reference:
 kernels/attention_verify.attention_ref."""
