@@ -92,6 +92,13 @@ PIECES = "stream-K pieces"               # this kernel's workspace: partial tile
 MAXNREG = 168                           # 12 warps at one CTA per SM; setmaxnreg gives consumers 232, the loader 40
 
 
+@triton.constexpr_function
+def stage_bytes(bm, bm2):
+    """Bytes of a ring stage for a token tile: words and scales of the consumers' columns, activations [bm + bm2,
+    128]: the loader's expected transaction count and stages_for's budget."""
+    return CONSUMERS.value * WG_COLS.value * (16 * 4 + 2) + (bm + bm2) * 128 * 2
+
+
 @gluon.jit
 def _release(i, empty, STAGES: gl.constexpr, pred):
     """Stage of group i free for the loader. No proxy fence: the stage's words and scales are in registers (their
@@ -307,7 +314,7 @@ def _worker(rings, bars, args, descs, mma: gl.constexpr, mma2: gl.constexpr, a_o
         w_desc, s_desc, x_desc, x2_desc = descs
         UNIT: gl.constexpr = 2 if OVERLAP else 1
         BN: gl.constexpr = CONSUMERS * WG_COLS
-        nbytes: gl.constexpr = BN * 64 + BN * 2 + (BM + BM2) * 256
+        nbytes: gl.constexpr = stage_bytes(BM, BM2)
         k_groups = per_tile * UNIT
         P = gl.num_programs(0)
         pid = gl.program_id(0)
@@ -409,9 +416,8 @@ def launch(m: int, n: int, k: int, sms: int):
 
 
 def stages_for(bm: int, bm2: int) -> int:
-    """Ring stages for a token tile: STAGES, or as many as SMEM holds (words, scales and activations a stage)."""
-    stage = CONSUMERS.value * WG_COLS.value * (16 * 4 + 2) + (bm + bm2) * 128 * 2
-    return min(STAGES, (SMEM - 1024) // stage)
+    """Ring stages for a token tile: STAGES, or as many as SMEM holds."""
+    return min(STAGES, (SMEM - 1024) // stage_bytes(bm, bm2))
 
 
 def pick(x: torch.Tensor, w: Int4Weight):
