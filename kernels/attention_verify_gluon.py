@@ -136,7 +136,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
     a_o: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     b_o: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=o_l, k_width=2)
-    o_cols_l: gl.constexpr = gl.SliceLayout(0, o_l)
+    o_cols_l: gl.constexpr = gl.SliceLayout(0, o_l)                 # the same for O^T
     k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // D, D // 16], [4, 1], [1, 0])
     v_copy: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     q_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -144,8 +144,8 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     v_smem_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     op_smem_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     p_smem_l: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-    cols_l: gl.constexpr = gl.SliceLayout(0, acc_l)                 # [R]: one value per packed row
-    keys_l: gl.constexpr = gl.SliceLayout(1, acc_l)                 # [64] / [D]: one per tile row
+    cols_l: gl.constexpr = gl.SliceLayout(0, acc_l)                 # [R]: one value per packed row (S^T)
+    keys_l: gl.constexpr = gl.SliceLayout(1, acc_l)                 # [64]: one value per key of a tile
 
     b = gl.program_id(0)
     kvh = gl.program_id(1)
@@ -177,7 +177,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
                        k_key, k_off, v_key, v_off)
             async_copy.commit_group()
 
-        # Q^T, permuted along the head dim as the K fragments are (qk_dim) and times the score scale (log2 units,
+        # Q^T, permuted along the head dim as the K fragments are (_qk_dim) and times the score scale (log2 units,
         # the K scale folded in), into shared memory as the B operand
         score_scale = qk_scale * gl.load(ks_ptr + kvh)
         v_unit = gl.load(vs_ptr + kvh)
@@ -187,11 +187,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
                     + gl.expand_dims(_qk_dim(qk), 0), mask=gl.expand_dims(qr < q_len * G, 1), other=0.0)
         q_smem.store((q.to(gl.float32) * score_scale).to(gl.float16))
 
-        r = gl.arange(0, R, layout=cols_l)
-        tok = r // G
-        head = kvh * G + r % G
-        row_ok = r < q_len * G
-        last = gl.expand_dims(kv_len - q_len + tok, 0)                  # causal limit of each packed row
+        last = gl.expand_dims(kv_len - q_len + gl.arange(0, R, layout=cols_l) // G, 0)   # each row's causal limit
         m_key = _pv_key(gl.arange(0, BLOCK_N, layout=keys_l))          # tile row m holds key n0 + m_key[m]
 
         m_i = gl.full([R], _NEG, gl.float32, cols_l)
