@@ -8,7 +8,7 @@ barriers and ~1,130 instructions a warp and 64-key tile). Here the roles are swa
 O^T = V^T·P^T on mma.sync (head dim on M, a warp per 64 rows; P^T handed over through shared memory):
 * K and V^T are A operands in registers: each warp decodes only its own part of the fp8 tile, one native
   conversion per two codes, read from shared memory 16 bytes at a time. For those reads to be whole fragments the
-  contraction orders are permuted: element k of the QK product is byte `_qk_dim(k)` of a key (Q^T is stored
+  contraction orders are permuted: the QK product's is `_qk_order` of a key's bytes (Q^T is stored
   permuted to match, once a program) and key k of the P·V product is key `_pv_key(k)` of the tile (row m of the
   K tile holds key `_pv_key(m)`, so S^T's row m, P^T's row m and V^T's column m are one key): nothing moves.
 * One column-max exchange between the warps a tile; the column sums stay per thread until the end.
@@ -22,9 +22,11 @@ the same run (bench/results/kernels-h200.md: 5 tokens, choose_nseg's segments): 
 2670 against 72.0 / 738 / 2997. Still latency-bound (ncu, B64 16k: issue slots 36% busy, 0.49 eligible of 1.95
 warps a scheduler, the tensor pipe 36%), and with one tile a program in flight: an L2 prefetch of the tile after
 it takes B64 16k from 664 to 618 us where the tiles are consecutive (one segment) and costs 4-12% elsewhere (so
-it is issued only there). At one sequence and 1.5k it is the slower kernel (a program's single tile pays the
-prologue). Tried and not kept (same harness): QK on e4m3 wgmma straight from the ring (q as e4m3 hi + lo, no K
-conversion: 16 fewer instructions a tile): no faster, and its first outputs were wrong; the V conversions
+it is issued only there). q is requested with the sequence's slot and length (16-byte loads, permuted in
+registers), not after them with the head dim's permutation in its addresses (2-byte loads): B1 1.5k / 16k 10.5 /
+18.0 against 12.2-12.8 / 19.2, B64 16k 637-640 against 626-629 (same run).
+Tried and not kept (same harness): QK on e4m3 wgmma straight from the ring (q as e4m3 hi + lo, no K conversion:
+16 fewer instructions a tile): no faster, and its first outputs were wrong; the V conversions
 overlapped with the QK wgmma: no change; rings of 3-4 stages (1 CTA per SM): 720 us at B64 16k; 3 stages at 2
 CTAs per SM (P^T in the K stage just read: 115,200 bytes a CTA), two tiles in flight a program: 4-7% slower at
 every shape (B64 16k 662 against 626-655, B8 16k 89.5 against 85.5).
@@ -55,13 +57,6 @@ def _pv_key(m):
     return (m & 1) | ((m >> 3) & 1) << 1 | ((m >> 4) & 3) << 2 | ((m >> 1) & 3) << 4
 
 
-@gluon.jit
-def _qk_dim(k):
-    """The byte of a key that the QK product's contraction index k reads: a thread's A fragment (k = 64c + 16s +
-    8j1 + 2t + j0) is unit 2t + c0 + 8c1 of the key's row (16 bytes; conflict-free under the 128-byte swizzle)."""
-    return (k & 1) | ((k >> 3) & 7) << 1 | ((k >> 6) & 1) << 4 | ((k >> 1) & 3) << 5 | ((k >> 7) & 1) << 7
-
-
 def load_layouts(D: int):
     """(K tile [64, D] codes as read for the QK A operand, V^T tile [D, 64] for the P·V one): registers 0-3 a
     16-byte unit, then the fragment's other rows and chunks; lanes and warps as the wgmma fragment's."""
@@ -75,16 +70,25 @@ def load_layouts(D: int):
 
 
 @gluon.jit
-def _k_operand(codes, D: gl.constexpr, a_op: gl.constexpr):
-    """K tile codes [64, D] (columns = bytes) -> fp16 A operand [64, D] (columns in `_qk_dim` order): a relabelling."""
-    x = codes.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+def _qk_order(x, D: gl.constexpr):
+    """[rows, D] in byte order -> the same values in the QK product's contraction order: column k = 64c + 16s + 8j1
+    + 2t + j0 holds byte 16(2t + c0 + 8c1) + 4s + 2j1 + j0, so a thread's A fragment of a key is units 2t + c0 + 8c1
+    of its row (16 bytes each; conflict-free under the 128-byte swizzle). A relabelling: no data moves."""
+    ROWS: gl.constexpr = x.shape[0]
     if D == 256:
-        x = gl.reshape(x, [BLOCK_N, 2, 2, 2, 2, 2, 2, 2, 2])        # byte bits 7 … 0
+        x = gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2, 2, 2])           # byte bits 7 … 0
         x = gl.permute(x, [0, 1, 4, 5, 6, 7, 2, 3, 8])               # k bits 7 … 0
     else:
-        x = gl.reshape(x, [BLOCK_N, 2, 2, 2, 2, 2, 2, 2])            # byte bits 6 … 0
+        x = gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2, 2])               # byte bits 6 … 0
         x = gl.permute(x, [0, 3, 4, 5, 6, 1, 2, 7])
-    return gl.convert_layout(gl.reshape(x, [BLOCK_N, D]), a_op, assert_trivial=True)
+    return gl.reshape(x, [ROWS, D])
+
+
+@gluon.jit
+def _k_operand(codes, D: gl.constexpr, a_op: gl.constexpr):
+    """K tile codes [64, D] (columns = bytes) -> fp16 A operand [64, D] (columns in `_qk_order`)."""
+    x = codes.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+    return gl.convert_layout(_qk_order(x, D), a_op, assert_trivial=True)
 
 
 @gluon.jit
@@ -156,6 +160,13 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     slot = gl.load(rows_ptr + b)
     kv_len = gl.where(slot >= 0, gl.load(lens_ptr + b), 0)         # padding rows attend to nothing and output 0
     start = seg * BLOCK_N
+    # the packed rows of q (for Q^T), requested with the sequence's slot and length, not after them
+    qr = gl.arange(0, R, layout=gl.SliceLayout(1, q_l))
+    qd = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
+    q = gl.load(q_ptr + b * s_qb + gl.expand_dims((qr // G) * s_qt + (kvh * G + qr % G) * s_qh, 1)
+                + gl.expand_dims(qd, 0), mask=gl.expand_dims(qr < q_len * G, 1), other=0.0)
+    score_scale = qk_scale * gl.load(ks_ptr + kvh)
+    v_unit = gl.load(vs_ptr + kvh)
     # segments past the end are skipped; the combine stops at the same count. Without a split, always write.
     if (start < kv_len) | (nseg == 1):
         k_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, D], k_smem_l)
@@ -177,15 +188,9 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
                        k_key, k_off, v_key, v_off)
             async_copy.commit_group()
 
-        # Q^T, permuted along the head dim as the K fragments are (_qk_dim) and times the score scale (log2 units,
-        # the K scale folded in), into shared memory as the B operand
-        score_scale = qk_scale * gl.load(ks_ptr + kvh)
-        v_unit = gl.load(vs_ptr + kvh)
-        qr = gl.arange(0, R, layout=gl.SliceLayout(1, q_l))
-        qk = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
-        q = gl.load(q_ptr + b * s_qb + gl.expand_dims((qr // G) * s_qt + (kvh * G + qr % G) * s_qh, 1)
-                    + gl.expand_dims(_qk_dim(qk), 0), mask=gl.expand_dims(qr < q_len * G, 1), other=0.0)
-        q_smem.store((q.to(gl.float32) * score_scale).to(gl.float16))
+        # Q^T, the B operand: times the score scale (log2 units, the K scale folded in), permuted along the head
+        # dim as the K fragments are
+        q_smem.store(_qk_order((q.to(gl.float32) * score_scale).to(gl.float16), D))
 
         last = gl.expand_dims(kv_len - q_len + gl.arange(0, R, layout=cols_l) // G, 0)   # each row's causal limit
         m_key = _pv_key(gl.arange(0, BLOCK_N, layout=keys_l))          # tile row m holds key n0 + m_key[m]
