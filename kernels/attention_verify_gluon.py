@@ -16,13 +16,13 @@ O^T = V^T·P^T on mma.sync (head dim on M, a warp per 64 rows; P^T handed over t
   NVMMA layout, a proxy fence a tile) measured the same: 0.86 of the Triton kernel's time at B64 16k either way.
   (The fence, MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, does not wait for the ring's copies in flight: a probe, H200,
   64 ns after 16 KB of cp.async were issued, which landed ~600 ns after.)
-~640 instructions a warp and tile (SASS), 248 registers, 2 CTAs per SM. H200, us against the Triton kernel in
-the same run (bench/results/kernels-h200.md: 5 tokens, choose_nseg's segments): B1 1.5k / 16k / 64k 12.2 / 18.9 /
-47.0 against 10.5 / 19.6 / 50.3, B8 16k / 64k 82.6 / 301 against 88.9 / 345, B64 1.5k / 16k / 64k 66.1 / 621 /
-2670 against 72.0 / 738 / 2997. Still latency-bound (ncu, B64 16k: issue slots 36% busy, 0.49 eligible of 1.95
-warps a scheduler, the tensor pipe 36%), and with one tile a program in flight: an L2 prefetch of the tile after
-it takes B64 16k from 664 to 618 us where the tiles are consecutive (one segment) and costs 4-12% elsewhere (so
-it is issued only there). q is requested with the sequence's slot and length (16-byte loads, permuted in
+~640 instructions a warp and tile (SASS), 252 registers, 2 CTAs per SM. H200, us against the Triton kernel in the
+same run (bench/results/kernels-h200.md: 5 tokens, choose_nseg's segments): B1 1.5k / 16k / 64k 10.4 / 18.0 / 47.4
+against 10.5 / 19.6 / 50.9, B8 1.5k / 16k / 64k 15.7 / 85.6 / 317 against 16.5 / 90.8 / 360, B64 1.5k / 16k / 64k
+66.2 / 621 / 2895 against 72.8 / 748 / 3053. Still latency-bound (ncu, B64 16k: issue slots 36% busy, 0.49 eligible
+of 1.95 warps a scheduler, the tensor pipe 36%), and with one tile a program in flight: an L2 prefetch of the tile
+after it takes B64 16k from 664 to 618 us where the tiles are consecutive (one segment) and costs 4-12% elsewhere
+(so it is issued only there). q is requested with the sequence's slot and length (16-byte loads, permuted in
 registers), not after them with the head dim's permutation in its addresses (2-byte loads): B1 1.5k / 16k 10.5 /
 18.0 against 12.2-12.8 / 19.2, B64 16k 637-640 against 626-629 (same run).
 Tried and not kept (same harness): QK on e4m3 wgmma straight from the ring (q as e4m3 hi + lo, no K conversion:
