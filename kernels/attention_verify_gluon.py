@@ -35,7 +35,6 @@ KV: uint8 e4m3 codes, V stored keys-fastest (kernels/kv_write.kv_cache), cache l
 kernels/attention_verify.attention_ref."""
 import math
 
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -313,7 +313,6 @@ def _worker(rings, bars, args, descs, mma: gl.constexpr, mma2: gl.constexpr, a_o
         out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
         w_desc, s_desc, x_desc, x2_desc = descs
         UNIT: gl.constexpr = 2 if OVERLAP else 1
-        BN: gl.constexpr = CONSUMERS * WG_COLS
         nbytes: gl.constexpr = stage_bytes(BM, BM2)
         k_groups = per_tile * UNIT
         P = gl.num_programs(0)
