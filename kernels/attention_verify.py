@@ -175,24 +175,31 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
 def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, gate_ptr, nseg, Hq,
                     s_pb, s_ph, s_pt, s_ps, s_ob, s_ot, s_oh, s_gb, s_gt, s_gh,
                     D: tl.constexpr, BLOCK_N: tl.constexpr, SEG_P2: tl.constexpr, BLOCK_D: tl.constexpr,
-                    GATED: tl.constexpr, PDL: tl.constexpr):
+                    GATED: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     # partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 -> out [B, q_len, Hq, D] (GATED: times gate, out's shape).
-    # Grid (B, q_len * Hq, D // BLOCK_D): one (row, token, head) and a BLOCK_D slice of the head dim.
+    # Grid (B, q_len * Hq, D // BLOCK_D): one (row, token, head) and a BLOCK_D slice of the head dim. EARLY: the
+    # slot and length are the step's inputs (attend's `fresh`), read before the wait, and only the segments used
+    # are requested; else all nseg are, with the length (unused ones hold stale values, masked after arrival).
     b = tl.program_id(0)
     t = tl.program_id(1) // Hq
     h = tl.program_id(1) % Hq
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    pdl_wait(PDL)
+    if not EARLY:
+        pdl_wait(PDL)
     slot = tl.load(rows_ptr + b)
     kv_len = tl.where(slot >= 0, tl.load(lens_ptr + b), 0)
     n_used = tl.minimum(tl.cdiv(kv_len, BLOCK_N), nseg)       # segments holding at least one tile
     offs_s = tl.arange(0, SEG_P2)
-    # all nseg partials are requested with the length (unused ones hold stale values, masked after arrival)
-    base = part_ptr + b * s_pb + h * s_ph + t * s_pt + offs_s * s_ps
-    m = tl.load(base + D, mask=offs_s < nseg, other=_NEG)
-    l = tl.load(base + D + 1, mask=offs_s < nseg, other=0.0)
-    acc = tl.load(base[:, None] + offs_d[None, :], mask=offs_s[:, None] < nseg, other=0.0)
     s_ok = offs_s < n_used
+    if EARLY:
+        pdl_wait(PDL)
+        s_load = s_ok
+    else:
+        s_load = offs_s < nseg
+    base = part_ptr + b * s_pb + h * s_ph + t * s_pt + offs_s * s_ps
+    m = tl.load(base + D, mask=s_load, other=_NEG)
+    l = tl.load(base + D + 1, mask=s_load, other=0.0)
+    acc = tl.load(base[:, None] + offs_d[None, :], mask=s_load[:, None], other=0.0)
     m = tl.where(s_ok, m, _NEG)
     w = tl.where(s_ok, tl.exp2(m - tl.max(m, 0)), 0.0)
     total = tl.sum(tl.where(s_ok, w * l, 0.0), 0)
@@ -222,7 +229,12 @@ def alloc_partials(batch_max: int, num_q_heads: int, q_max: int, nseg_max: int, 
 def choose_nseg(batch: int, num_kv_heads: int, num_sms: int, nseg_max: int = 64) -> int:
     """KV segments per (sequence, kv head) for a batch bucket: as many as fit one wave of two programs per SM
     (H200, B 8, 16k: 8 segments 113 µs, 9 segments — a partial second wave — 183 µs; B 1: 64 beat 32 by 15 % at
-    64k). Short contexts use fewer automatically: a segment is at least one tile."""
+    64k). Short contexts use fewer automatically: a segment is at least one tile. Fewer segments would be faster
+    there (the Gluon kernel with its combine, caches out of L2, B1 512 / 1.5k / 4k / 16k / 64k us, 16 / 32 / 64
+    segments: 6.7 / 7.6 / 9.9, 8.3 / 9.3 / 10.3, 11.0 / 11.2 / 13.3, 27.2 / 19.7 / 19.5, 91.5 / 52.9 / 46.7; B8 1.5k /
+    16k, 4 / 8: 15.8 / 17.5, 95.2 / 85.5), but a bucket's count must not follow the length: a token's tiles must
+    fall to the same segments in a decode and a verify step (bitwise width invariance). The longest contexts
+    decide: at 64k the gap is largest in µs."""
     return max(1, min(nseg_max, 2 * num_sms // (batch * num_kv_heads)))
 
 
@@ -248,7 +260,7 @@ def default_launch(block_m: int, capability: tuple) -> tuple:
 
 
 def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials=None, nseg=1, gate=None,
-           block_m=None, block_n=None, kv_fmt=None, num_warps=None, num_stages=None, gluon=None):
+           block_m=None, block_n=None, kv_fmt=None, num_warps=None, num_stages=None, gluon=None, fresh=None):
     """Attention of the q_len new tokens of each row over its cache (which already holds them).
     q, out [B, q_len, Hq, D]; caches [slots, Hkv, max_len, D] (uint8 e4m3 codes or bf16; V any strided view, best
     keys-fastest as kernels/kv_write.kv_cache allocates it); scales [Hkv] fp32
@@ -257,7 +269,11 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     block_m None packs all q_len·G rows in one tile (verify); prefill passes a tile size. A decode step whose rows
     must be bitwise those of a verify step (greedy with drafting == without) passes the verify's block_m.
     gluon: None takes kernels/attention_verify_gluon.py for a one-tile launch at the default tiles wherever it runs
-    (its `supports`), True / False that kernel / this one."""
+    (its `supports`), True / False that kernel / this one.
+    fresh: None, or the keys at the end of each row that kernels of this step write (a verify step's own q_len,
+    kv_write's): with programmatic dependent launch the Gluon kernel may then read cache_rows, kv_lens, the scales
+    and the keys before those before the previous kernel completes. The caller promises that no kernel of the
+    captured step writes any of those (they come from the host or earlier steps: kernels/device.py's rule)."""
     B, q_len, hq, D = q.shape
     hkv = k_cache.shape[1]
     G = hq // hkv
@@ -287,7 +303,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     if gluon:
         assert n_tiles == 1 and attention_verify_gluon.supports(q, k_cache, v_cache, fmt, block_m)
         attention_verify_gluon.attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials,
-                                      nseg, gate, rows=block_m)
+                                      nseg, gate, rows=block_m, fresh=fresh)
         block_n = attention_verify_gluon.BLOCK_N.value
     else:
         _attend_kernel[(B * n_tiles, hkv, nseg)](
@@ -300,7 +316,8 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
         block_d = combine_block_d(B, hq, D)
         _combine_kernel[(B, q_len * hq, D // block_d)](
             partials, cache_rows, kv_lens, out, g, nseg, hq, *s_part, *out.stride()[:3], *s_gate,
-            D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d, GATED=gated, **pdl)
+            D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d, GATED=gated,
+            EARLY=fresh is not None, **pdl)
     return out
 
 

@@ -17,19 +17,29 @@ O^T = V^T·P^T on mma.sync (head dim on M, a warp per 64 rows; P^T handed over t
   (The fence, MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, does not wait for the ring's copies in flight: a probe, H200,
   64 ns after 16 KB of cp.async were issued, which landed ~600 ns after.)
 ~640 instructions a warp and tile (SASS), 252 registers, 2 CTAs per SM. H200, us against the Triton kernel in the
-same run (bench/results/kernels-h200.md: 5 tokens, choose_nseg's segments): B1 1.5k / 16k / 64k 10.4 / 18.0 / 47.4
-against 10.5 / 19.6 / 50.9, B8 1.5k / 16k / 64k 15.7 / 85.6 / 317 against 16.5 / 90.8 / 360, B64 1.5k / 16k / 64k
-66.2 / 621 / 2895 against 72.8 / 748 / 3053. Still latency-bound (ncu, B64 16k: issue slots 36% busy, 0.49 eligible
-of 1.95 warps a scheduler, the tensor pipe 36%), and with one tile a program in flight: an L2 prefetch of the tile
-after it takes B64 16k from 664 to 618 us where the tiles are consecutive (one segment) and costs 4-12% elsewhere
-(so it is issued only there). q is requested with the sequence's slot and length (16-byte loads, permuted in
-registers), not after them with the head dim's permutation in its addresses (2-byte loads): B1 1.5k / 16k 10.5 /
-18.0 against 12.2-12.8 / 19.2, B64 16k 637-640 against 626-629 (same run).
-Tried and not kept (same harness): QK on e4m3 wgmma straight from the ring (q as e4m3 hi + lo, no K conversion:
-16 fewer instructions a tile): no faster, and its first outputs were wrong; the V conversions
-overlapped with the QK wgmma: no change; rings of 3-4 stages (1 CTA per SM): 720 us at B64 16k; 3 stages at 2
-CTAs per SM (P^T in the K stage just read: 115,200 bytes a CTA), two tiles in flight a program: 4-7% slower at
-every shape (B64 16k 662 against 626-655, B8 16k 89.5 against 85.5).
+same run (bench/results/kernels-h200.md: 5 tokens, choose_nseg's segments, caches rotated out of L2, `fresh`): B1
+1.5k / 16k / 64k 10.4 / 19.7 / 46.2 against 10.7 / 21.4 / 51.0, B8 17.5 / 84.5 / 306 against 18.2 / 89.7 / 347, B64
+63.1 / 612 / 2774 against 72.8 / 758 / 3019 (session 22, the caches left in L2 between calls, before `fresh`: B1
+10.4 / 18.0 / 47.4, B8 15.7 / 85.6 / 317, B64 66.2 / 621 / 2895). Still latency-bound (ncu, B64 16k: issue slots 36%
+busy, 0.49 eligible of 1.95 warps a scheduler, the tensor pipe 36%), and with one tile a program in flight: an L2
+prefetch of the tile after it takes B64 16k from 664 to 618 us where the tiles are consecutive (one segment) and
+costs 4-12% elsewhere (so it is issued only there). q is requested with the sequence's slot and length (16-byte
+loads, permuted in registers), not after them with the head dim's permutation in its addresses (2-byte loads): B1
+1.5k / 16k 10.5 / 18.0 against 12.2-12.8 / 19.2, B64 16k 637-640 against 626-629 (same run).
+Given `fresh` (EARLY: the step's own keys are the rows' last q_len, everything else comes from earlier steps) the
+slot, length and scales are read and the ring's first tile copied, where it holds only older keys, before the PDL
+wait; q and the tiles holding fresh keys after it. With the combine, caches rotated out of L2, two runs (us, this
+against the wait first): B1 1.5k / 16k / 64k 10.3-10.4 / 18.6-19.2 / 45.2-45.6 against 10.9-11.7 / 19.6-20.1 /
+46.2-46.8, B8 1.5k / 16k 16.8-17.2 / 81.0-82.1 against 17.3 / 82.2-82.7, B64 1.5k / 16k 63.1-64.2 / 615-620 against
+65.8-66.6 / 623 (bitwise the same outputs).
+Tried and not kept (same harness): before the wait, L2 prefetches of the program's next 2-8 older tiles as well (B1
+16k 18.5-19.3 against 17.4 us, 64k 46.1-52.3 against 45.4); the programs with no tile leaving without the wait (B1
+512 / 1.5k / 16k 9.9 / 10.4 / 19.5 against 9.7 / 10.2 / 19.4); segments that take spans of 2-6 consecutive tiles in
+turn (fewer partials at short contexts: B1 1.5k 12.1-17.6 against 10.3, 16k 19.3-22.4 against 19.6); QK on e4m3
+wgmma straight from the ring (q as e4m3 hi + lo, no K conversion: 16 fewer instructions a tile): no faster, and its
+first outputs were wrong; the V conversions overlapped with the QK wgmma: no change; rings of 3-4 stages (1 CTA per
+SM): 720 us at B64 16k; 3 stages at 2 CTAs per SM (P^T in the K stage just read: 115,200 bytes a CTA), two tiles in
+flight a program: 4-7% slower at every shape (B64 16k 662 against 626-655, B8 16k 89.5 against 85.5).
 KV: uint8 e4m3 codes, V stored keys-fastest (kernels/kv_write.kv_cache), cache length a multiple of 16; head dim
 128 or 256; up to 64 packed rows (at 64, q_len 8 with G 6, registers spill: correct, slower). Reference:
 kernels/attention_verify.attention_ref."""
@@ -122,13 +132,22 @@ def _prefetch_tile(k_base, v_base, n0, s_cn, s_vd, D: gl.constexpr, pf_l: gl.con
 
 
 @gluon.jit
+def _load_q(q_row, kvh, q_len, s_qt, s_qh, G: gl.constexpr, D: gl.constexpr, R: gl.constexpr, q_l: gl.constexpr):
+    """The R packed rows of q for kv head kvh (row r: token r // G of head kvh·G + r % G; zeros past q_len·G)."""
+    qr = gl.arange(0, R, layout=gl.SliceLayout(1, q_l))
+    qd = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
+    return gl.load(q_row + gl.expand_dims((qr // G) * s_qt + (kvh * G + qr % G) * s_qh, 1) + gl.expand_dims(qd, 0),
+                   mask=gl.expand_dims(qr < q_len * G, 1), other=0.0)
+
+
+@gluon.jit
 def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, out_ptr, part_ptr, gate_ptr,
-                   q_len, nseg, qk_scale, max_len,
+                   q_len, nseg, qk_scale, max_len, fresh,
                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, s_cs, s_ch, s_cn, s_vs, s_vh, s_vd, s_pb, s_ph, s_pt, s_ps,
                    s_gb, s_gt, s_gh,
                    k_load: gl.constexpr, v_load: gl.constexpr, G: gl.constexpr, D: gl.constexpr, R: gl.constexpr,
                    STAGES: gl.constexpr, SPLIT: gl.constexpr, GATED: gl.constexpr, PDL: gl.constexpr,
-                   PF: gl.constexpr):
+                   PF: gl.constexpr, EARLY: gl.constexpr):
     # q, out [B, q_len, Hq, D] (D contiguous); k cache [slots, Hkv, max_len, D] uint8 (D contiguous), v cache of
     # the same shape, keys contiguous (s_vd its head-dim stride); k/v scales [Hkv] fp32; cache_rows, kv_lens [B]
     # int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 (SPLIT); gate like out (GATED). Grid (B, Hkv, nseg):
@@ -153,38 +172,48 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     b = gl.program_id(0)
     kvh = gl.program_id(1)
     seg = gl.program_id(2)
-    if PDL:
+    if PDL and not EARLY:
         gdc_wait()
         gdc_launch_dependents()
     slot = gl.load(rows_ptr + b)
     kv_len = gl.where(slot >= 0, gl.load(lens_ptr + b), 0)         # padding rows attend to nothing and output 0
-    start = seg * BLOCK_N
-    # the packed rows of q (for Q^T), requested with the sequence's slot and length, not after them
-    qr = gl.arange(0, R, layout=gl.SliceLayout(1, q_l))
-    qd = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
-    q = gl.load(q_ptr + b * s_qb + gl.expand_dims((qr // G) * s_qt + (kvh * G + qr % G) * s_qh, 1)
-                + gl.expand_dims(qd, 0), mask=gl.expand_dims(qr < q_len * G, 1), other=0.0)
+    if not EARLY:   # q requested with the slot and length, not after them
+        q = _load_q(q_ptr + b * s_qb, kvh, q_len, s_qt, s_qh, G, D, R, q_l)
     score_scale = qk_scale * gl.load(ks_ptr + kvh)
     v_unit = gl.load(vs_ptr + kvh)
+    start = seg * BLOCK_N
+    step = nseg * BLOCK_N
+    hi = kv_len
+    old = kv_len - fresh                    # keys before it were written by earlier steps (EARLY: read at once)
+    k_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, D], k_smem_l)
+    v_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, D, BLOCK_N], v_smem_l)
+    k_base = kc_ptr + slot.to(gl.int64) * s_cs + kvh * s_ch
+    v_base = vc_ptr + slot.to(gl.int64) * s_vs + kvh * s_vh
+    k_key = gl.expand_dims(_pv_key(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_copy))), 1)
+    k_off = k_key * s_cn + gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, k_copy)), 0)
+    k_key = k_key + gl.zeros([BLOCK_N, D], gl.int32, k_copy)
+    v_key = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, v_copy)), 0)
+    v_off = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, v_copy)), 1) * s_vd + v_key
+    v_key = v_key + gl.zeros([D, BLOCK_N], gl.int32, v_copy)
+    if EARLY:
+        # before the wait for the previous kernel: the ring's first tiles, where they hold only earlier steps' keys
+        for j in gl.static_range(STAGES - 1):
+            if start + j * step + BLOCK_N <= old:
+                _copy_tile(k_ring.index(j), v_ring.index(j), k_base, v_base, start + j * step, hi, max_len, s_cn,
+                           k_key, k_off, v_key, v_off)
+        async_copy.commit_group()
+        gdc_wait()
+        gdc_launch_dependents()
     # segments past the end are skipped; the combine stops at the same count. Without a split, always write.
     if (start < kv_len) | (nseg == 1):
-        k_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, D], k_smem_l)
-        v_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, D, BLOCK_N], v_smem_l)
+        if EARLY:
+            q = _load_q(q_ptr + b * s_qb, kvh, q_len, s_qt, s_qh, G, D, R, q_l)
         q_smem = gl.allocate_shared_memory(gl.float16, [R, D], op_smem_l)
         p_smem = gl.allocate_shared_memory(gl.float16, [R, BLOCK_N], p_smem_l)
-        k_base = kc_ptr + slot.to(gl.int64) * s_cs + kvh * s_ch
-        v_base = vc_ptr + slot.to(gl.int64) * s_vs + kvh * s_vh
-        k_key = gl.expand_dims(_pv_key(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_copy))), 1)
-        k_off = k_key * s_cn + gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, k_copy)), 0)
-        k_key = k_key + gl.zeros([BLOCK_N, D], gl.int32, k_copy)
-        v_key = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, v_copy)), 0)
-        v_off = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, v_copy)), 1) * s_vd + v_key
-        v_key = v_key + gl.zeros([D, BLOCK_N], gl.int32, v_copy)
-        hi = kv_len
-        step = nseg * BLOCK_N
         for j in gl.static_range(STAGES - 1):
-            _copy_tile(k_ring.index(j), v_ring.index(j), k_base, v_base, start + j * step, hi, max_len, s_cn,
-                       k_key, k_off, v_key, v_off)
+            if (not EARLY) or (start + j * step + BLOCK_N > old):
+                _copy_tile(k_ring.index(j), v_ring.index(j), k_base, v_base, start + j * step, hi, max_len, s_cn,
+                           k_key, k_off, v_key, v_off)
             async_copy.commit_group()
 
         # Q^T, the B operand: times the score scale (log2 units, the K scale folded in), permuted along the head
@@ -262,7 +291,8 @@ def supports(q, k_cache, v_cache, kv_fmt, rows=None) -> bool:
             and k_cache.shape[2] % 16 == 0 and max(rows or 0, q_len * (hq // k_cache.shape[1])) <= 64)
 
 
-def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials, nseg, gate=None, rows=None):
+def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, partials, nseg, gate=None, rows=None,
+           fresh=None):
     """As kernels/attention_verify.attend's attend step (the combine is the caller's): writes partials when
     nseg > 1, else out. rows: the packed-row tile (N of the products), default the next power of 2 ≥ q_len·G
     (≥ 8); a decode step whose rows must be bitwise a verify step's passes the verify's."""
@@ -279,9 +309,11 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     s_part = partials.stride()[:4] if split else (0, 0, 0, 0)
     g, s_gate = (gate, gate.stride()[:3]) if gate is not None else (out, (0, 0, 0))
     pdl = gpu.pdl(q.device)
+    early = pdl and fresh is not None
     _attend_kernel[(B, hkv, nseg)](
-        q, *cache, out, part, g, q_len, nseg, math.log2(math.e) / math.sqrt(D), k_cache.shape[2],
+        q, *cache, out, part, g, q_len, nseg, math.log2(math.e) / math.sqrt(D), k_cache.shape[2], fresh or 0,
         *q.stride()[:3], *out.stride()[:3], s_cs, s_ch, s_cn, s_vs, s_vh, s_vd, *s_part, *s_gate,
         *load_layouts(D), G=G, D=D, R=R, STAGES=2, PF=int(nseg == 1), SPLIT=split, GATED=gate is not None, PDL=pdl,
+        EARLY=early,
         num_warps=4, launch_pdl=pdl)
     return out

@@ -148,12 +148,13 @@ VERIFY_CASES = [  # B, q_len, Hq, Hkv, D, kv_lens, nseg, fp8, block_n
 
 @pytest.mark.parametrize("B,q_len,hq,hkv,D,lens,nseg,fp8,block_n", VERIFY_CASES)
 def test_verify_attention(B, q_len, hq, hkv, D, lens, nseg, fp8, block_n):
-    # V stored keys-fastest in every other case (the kernel takes V's strides)
+    # V stored keys-fastest in every other case (the kernel takes V's strides), the new keys `fresh` in the others
     vt = VERIFY_CASES.index((B, q_len, hq, hkv, D, lens, nseg, fp8, block_n)) % 2 == 1
     q, kc, vc, ks, vs, rows, kv_lens = setup(B, q_len, hq, hkv, D, lens, fp8, vt=vt)
     out = torch.full_like(q, float("nan"))
     partials = alloc_partials(B + 1, hq, 8, 4, D, DEV).fill_(float("nan"))
-    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, block_n=block_n)
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, block_n=block_n,
+                     fresh=None if vt else q_len)
     ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
     assert not out.isnan().any()
     assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
@@ -381,9 +382,10 @@ def test_verify_attention_gluon(B, q_len, hq, hkv, D, lens, nseg, gated, padding
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="wgmma: sm_90")
 def test_verify_rows_are_width_invariant_gluon():
-    """As test_verify_rows_are_width_invariant, for the Gluon kernel at the 27B shape (the same rows tile)."""
-    q, kc, vc, ks, vs, rows, _ = setup(2, 5, 24, 4, 256, [3000, 99], True, vt=True, max_len=round_up([3000]))
-    lens = torch.tensor([3000, 99], dtype=torch.int32, device=DEV)
+    """As test_verify_rows_are_width_invariant, for the Gluon kernel at the 27B shape (the same rows tile); the
+    decoded tokens' kv lengths (3006 … 3010) end in the verify's last tile (3008 on) or the one before."""
+    q, kc, vc, ks, vs, rows, _ = setup(2, 5, 24, 4, 256, [3010, 99], True, vt=True, max_len=round_up([3010]))
+    lens = torch.tensor([3010, 99], dtype=torch.int32, device=DEV)
     part = alloc_partials(2, 24, 8, 16, 256, DEV)
     verify = torch.empty_like(q, dtype=torch.float32)
     verify_attention(q, kc, vc, ks, vs, rows, lens, verify, part, 16, block_m=32, kv_fmt=KV_FP8_NATIVE, gluon=True)
@@ -392,3 +394,34 @@ def test_verify_rows_are_width_invariant_gluon():
         verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, lens - 4 + i, alone, part, 16,
                          block_m=32, kv_fmt=KV_FP8_NATIVE, gluon=True)
         assert torch.equal(alone[:, 0], verify[:, i])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="wgmma: sm_90")
+@pytest.mark.parametrize("lens,nseg", [([1536, 16384, 5, 777], 64), ([1536, 130, 64, 69], 7)])
+def test_verify_attention_gluon_fresh_keys(lens, nseg):
+    """`fresh`: with PDL the kernel reads the earlier steps' keys before the previous kernel completes, the step's
+    own keys only after. Captured as a step would be: kv_write of the 5 new tokens over stale codes, then the
+    attention; bitwise the launch that reads everything after the wait, and the reference of the written cache."""
+    q_len = 5
+    q, kc, vc, ks, vs, rows, kv_lens = setup(4, q_len, 24, 4, 256, lens, True, vt=True, max_len=round_up(lens))
+    k_new, v_new = (torch.randn(4, q_len, 4, 256, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    out, early = torch.empty_like(q), torch.empty_like(q)
+    partials = alloc_partials(4, 24, 8, 64, 256, DEV)
+
+    def step(dst, fresh):
+        write_kv(k_new, v_new, kc, vc, ks, vs, rows, kv_lens)
+        verify_attention(q, kc, vc, ks, vs, rows, kv_lens, dst, partials, nseg, kv_fmt=KV_FP8_NATIVE, gluon=True,
+                         fresh=fresh)
+
+    step(out, None)
+    ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(early, q_len)
+    for slot, n in zip(rows.tolist(), lens):    # stale codes where the step's own keys go
+        kc[slot, :, n - q_len:n] = 0x7E
+        vc[slot, :, n - q_len:n] = 0x7E
+    early.fill_(math.nan)
+    graph.replay()
+    assert torch.equal(early, out) and rel_err(out, ref) < 1e-2
