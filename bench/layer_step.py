@@ -153,7 +153,7 @@ class Layer:
                    ("attention", lambda: verify_attention(self.q.view(B, T, dm.hq, dm.d), self.kc, self.vc,
                                                           self.ks, self.vs, self.rows, self.lens, self.o,
                                                           self.partials, self.nseg,
-                                                          gate=self.gate.view(B, T, dm.hq, dm.d))),
+                                                          gate=self.gate.view(B, T, dm.hq, dm.d), fresh=T)),
                    ("o_proj", lambda: int4_linear(self.o.view(M, -1), self.out_proj, out=self.attn_out))]
         ks += [("add_rmsnorm (post-attention)", lambda: add_rmsnorm(self.attn_out, self.res, self.norm_w, dm.eps,
                                                                     h=self.res, y=self.mlp_out)),
