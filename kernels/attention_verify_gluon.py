@@ -32,6 +32,11 @@ wait; q and the tiles holding fresh keys after it. With the combine, caches rota
 against the wait first): B1 1.5k / 16k / 64k 10.3-10.4 / 18.6-19.2 / 45.2-45.6 against 10.9-11.7 / 19.6-20.1 /
 46.2-46.8, B8 1.5k / 16k 16.8-17.2 / 81.0-82.1 against 17.3 / 82.2-82.7, B64 1.5k / 16k 63.1-64.2 / 615-620 against
 65.8-66.6 / 623 (bitwise the same outputs).
+Where a short context's time goes (CUPTI timeline of graph replays, B1, 64 segments, 512 / 1.5k / 16k keys): a pair
+repeats every 9.5 / 9.9 / 19.2 us; once the previous combine has ended the attention still needs 6.5 / 6.7 / 14.3 us
+(the wait's release, q, the tile holding the fresh keys, a tile's products, the partials' stores), and its combine
+ends 3.0 / 3.2 / 4.8 us after it (2.0 at 512 keys with 16 segments): two dependent launches of a few memory round
+trips each, which only a single launch (the combine done by the attention's programs) would shorten.
 Tried and not kept (same harness): before the wait, L2 prefetches of the program's next 2-8 older tiles as well (B1
 16k 18.5-19.3 against 17.4 us, 64k 46.1-52.3 against 45.4); the programs with no tile leaving without the wait (B1
 512 / 1.5k / 16k 9.9 / 10.4 / 19.5 against 9.7 / 10.2 / 19.4); segments that take spans of 2-6 consecutive tiles in
