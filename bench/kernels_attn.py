@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.floors import read_floor_us
-from bench.harness import ROTATE_BYTES, measure_bandwidth, row, suite_main, time_us
+from bench.harness import measure_bandwidth, rotation, row, suite_main, time_us
 from kernels import attention_verify_gluon
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
@@ -54,11 +54,10 @@ def time_verify(case, nseg, partials, **kw):
     the rest may be read before the previous kernel completes)."""
     q, kc, vc, ks, vs, rows, lens = case
     out = torch.empty_like(q)
-    copies = min(32, -(-ROTATE_BYTES // (2 * kc.numel() * kc.element_size())))
-    caches = itertools.cycle([(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)])
+    caches = rotation(lambda: (kc.clone(), vc.clone()), 2 * kc.numel() * kc.element_size())
 
     def call():
-        k, v = next(caches)
+        k, v = caches()
         verify_attention(q, k, v, ks, vs, rows, lens, out, partials, nseg, fresh=Q_LEN, **kw)
     return time_us(call)
 
