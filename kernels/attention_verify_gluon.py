@@ -36,7 +36,20 @@ Where a short context's time goes (CUPTI timeline of graph replays, B1, 64 segme
 repeats every 9.5 / 9.9 / 19.2 us; once the previous combine has ended the attention still needs 6.5 / 6.7 / 14.3 us
 (the wait's release, q, the tile holding the fresh keys, a tile's products, the partials' stores), and its combine
 ends 3.0 / 3.2 / 4.8 us after it (2.0 at 512 keys with 16 segments): two dependent launches of a few memory round
-trips each, which only a single launch (the combine done by the attention's programs) would shorten.
+trips each.
+One launch was built and measured (session 24, not kept): the nseg programs of a (sequence, kv head) meet at a
+barrier after storing their partials (a counter per pair: a release add, a spin on an acquire load, a departure
+add, the last to leave zeroing it; safe only with every program resident at once, so a cooperative launch, which
+fails rather than hangs) and then combine a (packed row, 32 head-dim columns) unit each. Correct (the GPU tests,
+bitwise width-invariant, graph replays with changing lengths), and slower: H200, B1, us against these two launches
+(same run, fresh = 5): ctx 64 6.6-6.7 / 7.1-8.3, 1.5k 11.7 / 10.2, 4k 17.4 / 13.1, 16k 23.5 / 19.4, 64k 49.8 /
+46.6, B8 1.5k 21.6 / 17.7, B16 16k 164 / 162; in bench/layer_step's attention layer at B1 (in the chain) 12.2 /
+10.8 at 1.5k, 24.3 / 19.8 at 16k. By part (4k / 16k): attention and barrier without the combine 11.8 / 17.5
+(against 13.3 / 19.5 with the combine launch: the barrier costs little), the combine without the barrier 15.6 /
+23.3 — the combine's code after the loop slows the loop itself (+~1 us a tile, 241 registers instead of 252); the
+cooperative attribute costs ~0.7 us (16.9 against 17.7 at 4k, the barrier then unguarded); how the spin polls
+(atomic, ld.acquire, with 100-400 ns sleeps) changed nothing. At best (a combine of ~1 us that leaves the loop
+alone) it would save ~1 us at B1, which the cooperative launch halves.
 Tried and not kept (same harness): before the wait, L2 prefetches of the program's next 2-8 older tiles as well (B1
 16k 18.5-19.3 against 17.4 us, 64k 46.1-52.3 against 45.4); the programs with no tile leaving without the wait (B1
 512 / 1.5k / 16k 9.9 / 10.4 / 19.5 against 9.7 / 10.2 / 19.4); segments that take spans of 2-6 consecutive tiles in
