@@ -46,10 +46,11 @@ bitwise width-invariant, graph replays with changing lengths), and slower: H200,
 46.6, B8 1.5k 21.6 / 17.7, B16 16k 164 / 162; in bench/layer_step's attention layer at B1 (in the chain) 12.2 /
 10.8 at 1.5k, 24.3 / 19.8 at 16k. By part (4k / 16k): attention and barrier without the combine 11.8 / 17.5
 (against 13.3 / 19.5 with the combine launch: the barrier costs little), the combine without the barrier 15.6 /
-23.3 — the combine's code after the loop slows the loop itself (+~1 us a tile, 241 registers instead of 252); the
+23.3: the in-grid combine itself took 4-6 us (the loop's SASS is the same, 612-626 instructions a tile; its partial
+loads were 96 4-byte L2 loads a thread, LDG.E.STRONG.GPU: rows of D + 2 floats are not 16-byte aligned); the
 cooperative attribute costs ~0.7 us (16.9 against 17.7 at 4k, the barrier then unguarded); how the spin polls
-(atomic, ld.acquire, with 100-400 ns sleeps) changed nothing. At best (a combine of ~1 us that leaves the loop
-alone) it would save ~1 us at B1, which the cooperative launch halves.
+(atomic, ld.acquire, with 100-400 ns sleeps) changed nothing. At best (a combine of ~1 us) it would save ~1 us at
+B1, less the cooperative launch's ~0.7.
 Tried and not kept (same harness): before the wait, L2 prefetches of the program's next 2-8 older tiles as well (B1
 16k 18.5-19.3 against 17.4 us, 64k 46.1-52.3 against 45.4); the programs with no tile leaving without the wait (B1
 512 / 1.5k / 16k 9.9 / 10.4 / 19.5 against 9.7 / 10.2 / 19.4); segments that take spans of 2-6 consecutive tiles in
