@@ -1,14 +1,17 @@
 """Kernel benchmark at the Qwen3.8-27B shapes: `python -m bench.kernels [--only int4,attn,...]`.
 
 Measures the peak bandwidth once, then runs each suite (a module bench/kernels_<name>.py with
-`run(peak_Bps) -> list[row]`) and writes bench/results/kernels-<gpu>.json and .md."""
+`run(peak_Bps) -> list[row]`) and writes bench/results/kernels-<gpu>.json and .md; after a full run also
+targets-<gpu>.md, issue 3's targets against these results (bench/targets.py)."""
 import argparse
 import importlib
+import os
 import traceback
 
 import torch
 
-from bench.harness import gpu_name, measure_bandwidth, write_results
+from bench import targets
+from bench.harness import RESULTS, gpu_name, gpu_slug, measure_bandwidth, write_results
 
 SUITES = ["int4", "int8", "attn", "gdn", "sampler", "norms"]  # bench/kernels_<name>.py modules, in report order
 
@@ -30,6 +33,8 @@ def main():
             rows.append({"kernel": suite, "shape": "suite failed", "error": f"{type(e).__name__}: {e}"[:200]})
         md = write_results(name, rows, meta)    # rewritten after every suite: a run cut short keeps what it has
     print(md)
+    if not args.only:
+        print(targets.write(os.path.join(RESULTS, f"{name}-{gpu_slug()}.json")))
 
 
 if __name__ == "__main__":

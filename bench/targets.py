@@ -1,0 +1,90 @@
+"""Issue 3's speed targets checked against the kernel benchmark's results: `python -m bench.targets [gpu slug]`
+reads bench/results/kernels-<gpu>.json and writes bench/results/targets-<gpu>.md (bench.kernels does it after a full
+run). Each target's measured value sits beside the floor the same run measured where bench/floors.py has one: the
+fraction of the copy peak that a launch which only moves the kernel's bytes reaches in this harness, so a target
+above its floor cannot be met by any kernel of those bytes here."""
+import json
+import os
+import sys
+
+from bench.harness import RESULTS, gpu_slug
+
+GEMV = "int4_gemv W4A16 -> int64 sums"          # the form the layer step takes (the next kernel converts the sums)
+GEMV_STORED = "int4_linear W4A16"                # bf16 stored by the linear itself
+ATTENTION = "attn_verify[fp8-native, V keys-fastest]"      # the engine's cache layout (on sm_90 the Gluon kernel)
+
+
+# One-row targets: (target, kernel, shape, field, goal, the floor's (kernel, shape; None: its first row) or None)
+ROW_TARGETS = [
+    ("verify attention B1 q5 16k fp8", ATTENTION, "B1 ctx16384 q5", "frac_peak", ">= 0.70",
+     ("attn_verify[read floor]", "B1 ctx16384 q5")),
+    ("verify attention B1 q5 1.5k fp8, us", ATTENTION, "B1 ctx1536 q5", "us", "< 15", None),
+    ("GDN verify B1 T5 fp16 state", "gdn_verify", "B1 T5 state float16", "frac_peak", ">= 0.70",
+     ("floor: read a state, write it T times", None)),
+    ("sampler, one row top-k 20 / top-p 0.95, us", "sample qwen T1 k20 p.95", "1x248320", "us", "< 20", None),
+    ("sampler, five rows + rejection, us", "5 rows + rejection", "B1 k4 V248320", "us", "< 40", None),
+]
+
+
+def _value(rows, kernel, shape, field="frac_peak"):
+    """The field of the row of that kernel and shape (shape None: its first row), or None."""
+    r = next((r for r in rows if r["kernel"] == kernel and shape in (None, r["shape"])), None)
+    return None if r is None else r.get(field)
+
+
+def _least(rows, kernel, shapes):
+    """The least fraction of the copy peak over those shapes, or None where one is missing."""
+    values = [_value(rows, kernel, s) for s in shapes]
+    return None if None in values else min(values)
+
+
+def _check(name, goal, value, floor=None, note=""):
+    """One line of the table; goal '>= x' or '< x'; value None: the run has no such row."""
+    op, bound = goal.split()
+    met = value is not None and (value >= float(bound) if op == ">=" else value < float(bound))
+    return dict(target=name, goal=goal, measured="not measured" if value is None else value,
+                floor="" if floor is None else floor, status="missing" if value is None else "met" if met else "missed",
+                note=note)
+
+
+def evaluate(rows: list) -> list:
+    """The targets of issue 3's "Done when" against benchmark rows (bench.harness.row dicts)."""
+    linears = list(dict.fromkeys(r["shape"].rsplit(" M=", 1)[0] for r in rows if r["kernel"] == GEMV))
+    out = []
+    for shape in linears:
+        m15 = [f"{shape} M={m}" for m in range(1, 6)]
+        stored = _least(rows, GEMV_STORED, m15)
+        out.append(_check(f"int4 GEMV {shape}, M 1-5 (least)", ">= 0.80", _least(rows, GEMV, m15),
+                          _value(rows, "read floor", f"{shape} M=1 bytes"),
+                          "" if stored is None else f"stored bf16: {stored:.3f}"))
+    out.append(_check("int8 lm_head GEMV, M 1-5 (least)", ">= 0.85",
+                      _least(rows, "int8_linear", [f"lm_head 248320x5120 M={m}" for m in range(1, 6)])))
+    for shape in linears:
+        out.append(_check(f"int4 GEMM {shape}, M 320: cuBLAS bf16 time / ours", ">= 1.00",
+                          _value(rows, GEMV_STORED, f"{shape} M=320", "vs_cublas")))
+    for name, kernel, shape, field, goal, floor in ROW_TARGETS:
+        out.append(_check(name, goal, _value(rows, kernel, shape, field), floor and _value(rows, *floor)))
+    return out
+
+
+def write(results_json: str) -> str:
+    """targets-<gpu>.md beside the results file; returns the markdown."""
+    with open(results_json) as f:
+        data = json.load(f)
+    checks = evaluate(data["rows"])
+    met = sum(c["status"] == "met" for c in checks)
+    lines = [f"# Issue 3 targets on {data['meta'].get('gpu', '?')}", "",
+             f"From {os.path.basename(results_json)} (fractions of the copy peak measured in that run, "
+             f"{data['meta'].get('peak_copy_GBps', '?')} GB/s; floor: a launch that only moves the same bytes). "
+             f"{met} of {len(checks)} met.", "",
+             "| target | goal | measured | floor | status | note |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c['target']} | {c['goal']} | {c['measured']} | {c['floor']} | {c['status']} | {c['note']} |"
+              for c in checks]
+    md = "\n".join(lines) + "\n"
+    with open(results_json.replace("kernels-", "targets-").replace(".json", ".md"), "w") as f:
+        f.write(md)
+    return md
+
+
+if __name__ == "__main__":
+    print(write(os.path.join(RESULTS, f"kernels-{sys.argv[1] if len(sys.argv) > 1 else gpu_slug()}.json")))
