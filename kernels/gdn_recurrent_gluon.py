@@ -50,7 +50,10 @@ Session 21 (H200, fp16 dk fastest, T 5, us against (16, 2, 8, dk) in the same ru
 warps per SM, slower at every width (B 4 / 8 / 64: 15.7 / 30.9 / 248 against 12.0 / 25.2 / 204); one shared
 allocation a token for the partial sums (the barrier analysis then leaves one CTA barrier a token instead of
 two) within noise (12.0 / 25.0 / 204). At B 1 the time is a fixed ~1.5 us and ~0.7 us a token (T 1: 2.2 us); a
-launch that only reads one state and writes it five times takes 2.9-3.1 us (bench/floors.py).
+launch that only reads one state and writes it five times takes 2.9-3.1 us (bench/floors.py). Session 24 (H200,
+fp16 dk fastest, T 5 / T 1 at B 1, us against (16, 2, 8, dk) 4.80 / 2.17): 8 columns, twice the programs, (8, 2, 8,
+dk) 5.77 / 2.47 (k_t, q_t in shared memory 5.12 / 2.56), (8, 4, 8, dk) 7.44 / 2.99, (8, 1, 8, dk) 6.69 / 2.22,
+(8, 2, 4, dk) 6.15 / 2.66, (8, 2, 16, dk) 6.68 / 2.17; (16, 4, 8, dk) 6.67 / 2.16; (4, 2, 16, dk) 8.14 / 2.58.
 Shapes and slots: as kernels/gdn_recurrent.gdn_verify (its docstring)."""
 import triton
 from triton.experimental import gluon
