@@ -5,13 +5,12 @@ Measures the peak bandwidth once, then runs each suite (a module bench/kernels_<
 targets-<gpu>.md, issue 3's targets against these results (bench/targets.py)."""
 import argparse
 import importlib
-import os
 import traceback
 
 import torch
 
 from bench import targets
-from bench.harness import RESULTS, gpu_name, gpu_slug, measure_bandwidth, write_results
+from bench.harness import gpu_name, gpu_slug, measure_bandwidth, write_results
 
 SUITES = ["int4", "int8", "attn", "gdn", "sampler", "norms"]  # bench/kernels_<name>.py modules, in report order
 
@@ -34,7 +33,7 @@ def main():
         md = write_results(name, rows, meta)    # rewritten after every suite: a run cut short keeps what it has
     print(md)
     if not args.only:
-        print(targets.write(os.path.join(RESULTS, f"{name}-{gpu_slug()}.json")))
+        print(targets.write(rows, meta, gpu_slug()))
 
 
 if __name__ == "__main__":

@@ -67,24 +67,25 @@ def evaluate(rows: list) -> list:
     return out
 
 
-def write(results_json: str) -> str:
-    """targets-<gpu>.md beside the results file; returns the markdown."""
-    with open(results_json) as f:
-        data = json.load(f)
-    checks = evaluate(data["rows"])
+def write(rows: list, meta: dict, slug: str, directory: str = RESULTS) -> str:
+    """targets-<slug>.md in `directory` from a kernel benchmark's rows and meta; returns the markdown."""
+    checks = evaluate(rows)
     met = sum(c["status"] == "met" for c in checks)
-    lines = [f"# Issue 3 targets on {data['meta'].get('gpu', '?')}", "",
-             f"From {os.path.basename(results_json)} (fractions of the copy peak measured in that run, "
-             f"{data['meta'].get('peak_copy_GBps', '?')} GB/s; floor: a launch that only moves the same bytes). "
+    lines = [f"# Issue 3 targets on {meta.get('gpu', '?')}", "",
+             f"From kernels-{slug}.json (fractions of the copy peak measured in that run, "
+             f"{meta.get('peak_copy_GBps', '?')} GB/s; floor: a launch that only moves the same bytes). "
              f"{met} of {len(checks)} met.", "",
              "| target | goal | measured | floor | status | note |", "|---|---|---|---|---|---|"]
     lines += [f"| {c['target']} | {c['goal']} | {c['measured']} | {c['floor']} | {c['status']} | {c['note']} |"
               for c in checks]
     md = "\n".join(lines) + "\n"
-    with open(results_json.replace("kernels-", "targets-").replace(".json", ".md"), "w") as f:
+    with open(os.path.join(directory, f"targets-{slug}.md"), "w") as f:
         f.write(md)
     return md
 
 
 if __name__ == "__main__":
-    print(write(os.path.join(RESULTS, f"kernels-{sys.argv[1] if len(sys.argv) > 1 else gpu_slug()}.json")))
+    slug = sys.argv[1] if len(sys.argv) > 1 else gpu_slug()
+    with open(os.path.join(RESULTS, f"kernels-{slug}.json")) as f:
+        data = json.load(f)
+    print(write(data["rows"], data["meta"], slug))

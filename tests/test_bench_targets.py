@@ -1,6 +1,4 @@
 """bench/targets.py: issue 3's targets read from benchmark rows (CPU; synthetic rows in bench.harness.row's form)."""
-import json
-
 from bench import targets
 from bench.harness import row
 
@@ -34,8 +32,6 @@ def test_targets_met_missed_and_missing():
     assert slow["verify attention B1 q5 16k fp8"]["status"] == "met"
 
 
-def test_write_beside_the_results(tmp_path):
-    path = tmp_path / "kernels-test.json"
-    path.write_text(json.dumps({"meta": {"gpu": "test", "peak_copy_GBps": 4000}, "rows": rows_with(4.2, 20.0)}))
-    md = targets.write(str(path))
+def test_write_table(tmp_path):
+    md = targets.write(rows_with(4.2, 20.0), {"gpu": "test", "peak_copy_GBps": 4000}, "test", str(tmp_path))
     assert (tmp_path / "targets-test.md").read_text() == md and "| met |" in md and "| missed |" in md
