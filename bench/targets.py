@@ -2,7 +2,8 @@
 reads bench/results/kernels-<gpu>.json and writes bench/results/targets-<gpu>.md (bench.kernels does it after a full
 run). Each target's measured value sits beside the floor the same run measured where bench/floors.py has one: the
 fraction of the copy peak that a launch which only moves the kernel's bytes reaches in this harness, so a target
-above its floor cannot be met by any kernel of those bytes here."""
+above its floor cannot be met here by a kernel that reads those bytes after waiting for the launch before it (reads
+that need no wait can overlap that launch: bench/floors.py)."""
 import json
 import os
 import sys

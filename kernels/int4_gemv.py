@@ -429,7 +429,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # 25.2, down 13.6 -> 14.6, out_proj 6.9 -> 7.5). Deeper rings — more of the weights in flight before the PDL wait,
 # while a small kernel before the GEMV runs — do not pay inside a step either (session 21, bench/layer_step, B1 T5,
 # GDN / attention layer, us: 2 stages x 6 CTAs 83.3-83.7 / 96.1-96.3, 3 x 6 87.4-87.6 / 100.7-100.8, 4 x 5
-# 96.8-96.9 / 108.4-108.8, 6 x 3 102.2-102.6 / 114.6-115.0).
+# 96.8-96.9 / 108.4-108.8, 6 x 3 102.2-102.6 / 114.6-115.0). Nor do programs fewer than the register slots, so
+# that the next launch's CTAs fit beside ours and copy their first stages early (session 25, H200, into sums, us,
+# slots / programs per SM / stages against the table's 8/8/2 at M = 1 and 6/6/2 at M = 5): M = 1 qkvz 8/4/2 13.17,
+# 8/7/2 12.82, 6/4/2 13.20 against 11.55, out_proj 6.12 / 6.42 / 6.37 against 5.95; M = 5 qkvz 8/4/2 13.97, 8/6/2
+# 16.07, 6/4/2 17.28, 6/3/3 15.98 against 13.56, out_proj 6.84 (within noise) / 8.02 / 8.21 / 7.60 against 6.97
+# (attn and down alike).
 ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True)),
                (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
                (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, sums_ctas_per_sm=3, marks=False)))
