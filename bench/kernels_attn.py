@@ -3,8 +3,8 @@ B ∈ {1, 8, 64} × ctx {1.5k, 16k, 64k} (on sm_90 with V keys-fastest the Gluon
 it), torch SDPA as the peer at B = 1, the KV writer and prefill.
 Bytes counted: the KV the attention must read (all kv_lens × Hkv × D × 2 tensors) plus q and out; partials and
 the combine are overhead. Beside each fp8 case, `read floor`: a launch that only reads its KV bytes
-(bench/floors.py: no kernel of them beats it in this harness). `python -m bench.kernels_attn --sweep` times launch
-configurations instead (tiles, warps, segments)."""
+(bench/floors.py: no kernel that reads them after its PDL wait beats it in this harness). `python -m
+bench.kernels_attn --sweep` times launch configurations instead (tiles, warps, segments)."""
 import itertools
 
 import torch

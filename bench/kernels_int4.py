@@ -2,7 +2,7 @@
 GEMV for ≤ 16 rows, beyond it the Gluon wgmma GEMMs on sm_90 (config `ws`: the warp-specialised one; else the
 Triton kernel), and the Triton kernel beside them as `[triton]`; W4A8 from int8 activations), cuBLAS bf16
 (`x @ w.T`), torch's `_weight_int4pack_mm` (group 128), and a launch that only reads the M = 1 GEMV's bytes
-(`read floor`, bench/floors.py: what no kernel of those bytes beats in this harness).
+(`read floor`, bench/floors.py: what no kernel that reads those bytes after its PDL wait beats in this harness).
 
 Every timed call reads another copy of the weights (together ≥ 256 MiB, over 4× the H200's L2), so weights come
 from HBM as they do in a model step. Bytes per call: the weight codes, their scales, the activations and the
