@@ -1,6 +1,8 @@
 """Int4-weight linears at the Qwen3.8-27B shapes, with their peers timed in the same run: ours (W4A16 — the Gluon
 GEMV for ≤ 16 rows, beyond it the Gluon wgmma GEMMs on sm_90 (config `ws`: the warp-specialised one; else the
-Triton kernel), and the Triton kernel beside them as `[triton]`; W4A8 from int8 activations), cuBLAS bf16
+Triton kernel), and the Triton kernel beside them as `[triton]`; W4A8 from int8 activations — w4a8_linear, and
+from 65 rows on sm_90 its warp-specialised kernel alone (`w4a8 ws, operand order`: the activations as a producer
+that writes them in the operand's k order hands them over, without the wrapper's permuting copy)), cuBLAS bf16
 (`x @ w.T`), torch's `_weight_int4pack_mm` (group 128), and a launch that only reads the M = 1 GEMV's bytes
 (`read floor`, bench/floors.py: what no kernel that reads those bytes after its PDL wait beats in this harness).
 
@@ -19,7 +21,7 @@ from bench.floors import read_floor_us
 from bench.harness import best_of, rotation, row, suite_main, time_us
 from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma, int4_wgmma_ws as wgmma_ws
 from kernels.int4_linear import CODES, NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
-from layers.quant import Int4Weight
+from layers.quant import Int4Weight, a8_permute
 
 SHAPES = (("gdn_in_proj_qkvz", 16384, 5120), ("out_proj", 5120, 6144), ("attn_qkv_gate", 14336, 5120),
           ("mlp_gate_up", 34816, 5120), ("mlp_down", 5120, 17408))       # name, N, K
@@ -37,14 +39,18 @@ def int4_bytes(m, n, k, act_bytes=2):
     return n * k // 2 + n * (k // 128) * 2 + m * k * act_bytes + m * n * 2
 
 
-def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None, wgmma_params=None, sums=False):
-    """int4_linear (cfg forces the Triton kernel), w4a8_linear (a8), or int4_gemv / int4_wgmma with explicit
-    launch parameters; sums: the GEMV's output as int64 sums (kernels/fixed_sum.py; never cleared here)."""
+def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None, wgmma_params=None, sums=False, ws_cfg=None):
+    """int4_linear (cfg forces the Triton kernel), w4a8_linear (a8; with ws_cfg the warp-specialised kernel alone,
+    on activations already in its operand order), or int4_gemv / int4_wgmma with explicit launch parameters; sums:
+    the GEMV's output as int64 sums (kernels/fixed_sum.py; never cleared here)."""
     weights = rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
     out = torch.zeros(m, n, device="cuda", dtype=torch.int64 if sums else torch.bfloat16)
     if a8:
         x = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
         s_a = torch.rand(m, device="cuda")
+        if ws_cfg:
+            x = a8_permute(x)
+            return time_us(lambda: wgmma_ws.int4_wgmma_ws(x, weights(), out, ws_cfg, x_scale=s_a))
         return time_us(lambda: w4a8_linear(x, s_a, weights(), out=out, cfg=cfg))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     if gemv_params is not None:
@@ -117,6 +123,12 @@ def run(peak_Bps: float) -> list:
             us = time_ours(m, n, k, a8=True)
             rows.append(row("w4a8_linear", f"{shape} M={m}", us, int4_bytes(m, n, k, act_bytes=1) + 4 * m,
                             2 * m * n * k, peak_Bps, peer="ours", vs_cublas=round(cublas[m] / us, 2)))
+            ws_cfg = wgmma_ws.launch(m, n, k, gpu.num_sms(dev), a8=True) if gpu.capability(dev) >= (9, 0) else None
+            if ws_cfg:
+                us = time_ours(m, n, k, a8=True, ws_cfg=ws_cfg)
+                rows.append(row("w4a8 ws, operand order", f"{shape} M={m}", us,
+                                int4_bytes(m, n, k, act_bytes=1) + 4 * m, 2 * m * n * k, peak_Bps, peer="ours",
+                                vs_cublas=round(cublas[m] / us, 2), config="ws {}+{} p{}".format(*ws_cfg)))
     return rows
 
 

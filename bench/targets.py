@@ -13,6 +13,7 @@ from bench.harness import RESULTS, gpu_slug
 GEMV = "int4_gemv W4A16 -> int64 sums"          # the form the layer step takes (the next kernel converts the sums)
 GEMV_STORED = "int4_linear W4A16"                # bf16 stored by the linear itself
 ATTENTION = "attn_verify[fp8-native, V keys-fastest]"      # the engine's cache layout (on sm_90 the Gluon kernel)
+W4A8, W4A8_KERNEL = "w4a8_linear", "w4a8 ws, operand order"  # beside the W4A16 GEMM (int8 activations: its note)
 
 
 # One-row targets: (target, kernel, shape, field, goal, the floor's (kernel, shape; None: its first row) or None)
@@ -61,8 +62,10 @@ def evaluate(rows: list) -> list:
     out.append(_check("int8 lm_head GEMV, M 1-5 (least)", ">= 0.85",
                       _least(rows, "int8_linear", [f"lm_head 248320x5120 M={m}" for m in range(1, 6)])))
     for shape in linears:
+        a8 = [_value(rows, kernel, f"{shape} M=320", "vs_cublas") for kernel in (W4A8_KERNEL, W4A8)]
+        note = "" if None in a8 else f"W4A8: {a8[0]} (kernel, operand order), {a8[1]} (w4a8_linear)"
         out.append(_check(f"int4 GEMM {shape}, M 320: cuBLAS bf16 time / ours", ">= 1.00",
-                          _value(rows, GEMV_STORED, f"{shape} M=320", "vs_cublas")))
+                          _value(rows, GEMV_STORED, f"{shape} M=320", "vs_cublas"), note=note))
     for name, kernel, shape, field, goal, floor in ROW_TARGETS:
         out.append(_check(name, goal, _value(rows, kernel, shape, field), floor and _value(rows, *floor)))
     return out

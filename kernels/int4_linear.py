@@ -10,8 +10,9 @@ Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_in
 On a GPU (sm_80+), int4_linear hands calls of ≤ 16 rows with symmetric weights to kernels/int4_gemv.py, which
 streams the weights straight into the mma's registers (~2x faster there), and on sm_90 larger ones to
 kernels/int4_wgmma.py (weights as the wgmma's register operand, 1.1-1.7x this kernel at 40-320 rows), from 65 rows
-mostly to its warp-specialised form kernels/int4_wgmma_ws.py (at 320 rows 0.93-1.22x cuBLAS bf16); this kernel
-covers the rest (W4A8, asymmetric weights, sm_8x), and every row count in the CPU interpreter (Gluon has none).
+mostly to its warp-specialised form kernels/int4_wgmma_ws.py (at 320 rows 0.93-1.22x cuBLAS bf16; W4A8 from 65
+rows too, its activations permuted to the operand's k order first); this kernel covers the rest (W4A8 below 65 rows,
+asymmetric weights, sm_8x), and every row count in the CPU interpreter (Gluon has none).
 Passing a Config forces it.
 
 Design, and why:
@@ -47,7 +48,7 @@ import triton.language as tl
 
 from kernels import device as gpu, fixed_sum
 from kernels.splitk import split_count, store_tile, workspace
-from layers.quant import Int4Weight, mma_k
+from layers.quant import Int4Weight, a8_permute, mma_k
 
 try:                            # Gluon is experimental in Triton: without it, this kernel serves every call
     from kernels.int4_gemv import int4_gemv, supports as gemv_supports
@@ -384,8 +385,14 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg: C
 
 def w4a8_linear(x_q: torch.Tensor, s_a: torch.Tensor, w: Int4Weight, out: torch.Tensor = None,
                 out_dtype: torch.dtype = torch.bfloat16, cfg: Config = None) -> torch.Tensor:
-    """x_q int8 [..., K] with per-token fp32 scales s_a [...] → [..., N] in out_dtype (or into `out`)."""
+    """x_q int8 [..., K] with per-token fp32 scales s_a [...] → [..., N] in out_dtype (or into `out`). From 65 rows
+    on sm_90 the warp-specialised kernel takes the call, after one copy of x_q into its operand order."""
     assert x_q.dtype == torch.int8 and s_a.dtype == torch.float32 and s_a.is_contiguous()
     if out is None:
         out = torch.empty(*x_q.shape[:-1], w.n, dtype=out_dtype, device=x_q.device)
+    if cfg is None and wgmma_supports(x_q, w):
+        x_k = a8_permute(x_q.reshape(-1, w.k))                                  # the operand's k order (a copy)
+        ws_cfg = ws_pick(x_k, w)
+        if ws_cfg:
+            return int4_wgmma_ws(x_k, w, out, ws_cfg, x_scale=s_a)
     return _launch(x_q, s_a, w, out, cfg)

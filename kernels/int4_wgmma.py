@@ -58,13 +58,14 @@ from layers.quant import Int4Weight
 MIN_ROWS = 17                   # up to 16 rows kernels/int4_gemv.py streams the weights faster
 
 
-def layouts(bn: int, bm: int, warps: int):
+def layouts(bn: int, bm: int, warps: int, bits: int = 16):
     """(accumulator [BN, BM], the A operand [BN, 128], a ring stage's words [BN/16, 2 (h), 8 (l), 4 (t), 4 (w)])
-    layouts: warp b holds columns 16b … 16b + 15 (the wgmma's 16 rows of a warp), lane 4l + t the words 4t … 4t+3
-    of columns 16b + l and 16b + 8 + l (one 16-byte load each; layers/quant.py's mma layout)."""
+    layouts for `bits`-wide operands (16, or 8: W4A8): warp b holds columns 16b … 16b + 15 (the wgmma's 16 rows of
+    a warp), lane 4l + t the words 4t … 4t+3 of columns 16b + l and 16b + 8 + l (one 16-byte load each;
+    layers/quant.py's mma layout)."""
     assert bn == 16 * warps
-    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bm, 16])
-    a_op = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bm, 256 // bits])
+    a_op = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=32 // bits)
     words = gl.DistributedLinearLayout(
         reg_bases=[[0, 1, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 2]],
         lane_bases=[[0, 0, 0, 1, 0], [0, 0, 0, 2, 0], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 0, 4, 0, 0]],
@@ -116,6 +117,23 @@ def _a_operand(w_stage, s_stage, BN: gl.constexpr, DT: gl.constexpr, words_layou
     w = gl.join(p.to(gl.int16), (p >> 16).to(gl.int16)).to(DT, bitcast=True)       # [b, h, l, t, w, p0, p1, e]
     w = gl.permute(w, [0, 1, 2, 4, 6, 5, 3, 7])                                     # [b, h, l, w, p1, p0, t, e]
     return gl.convert_layout(gl.reshape(w, [BN, 128]), a_op, assert_trivial=True), p
+
+
+@gluon.jit
+def _a_operand_i8(w_stage, BN: gl.constexpr, words_layout: gl.constexpr, a_op: gl.constexpr):
+    """A ring stage's words [BN, 16] → the int8 A operand [BN, 128] of codes − 8, in the operand's k order (the
+    activations come permuted to match: layers.quant.a8_k). Of word 4t + w, the bytes of (word >> 4r) & 0x0F0F0F0F
+    are the fragment's register r of chunk w (k' = 32w + 16r + 4t + q): one and, add and xor make four codes
+    signed, (q + 120) ^ 128 = q − 8 in each byte (no carries). Returns the operand and its 16 registers (_hold)."""
+    NB: gl.constexpr = BN // 16
+    words = w_stage.reshape([NB, 2, 8, 4, 4]).load(words_layout).to(gl.uint32, bitcast=True)
+    lo = ((words & 0x0F0F0F0F) + 0x78787878) ^ 0x80808080
+    hi = (((words >> 4) & 0x0F0F0F0F) + 0x78787878) ^ 0x80808080
+    r = gl.join(lo, hi).to(gl.int32, bitcast=True)                                 # [b, h, l, t, w, r]
+    q = gl.join(gl.join(r.to(gl.int8), (r >> 8).to(gl.int8)),
+                gl.join((r >> 16).to(gl.int8), (r >> 24).to(gl.int8)))           # [b, h, l, t, w, r, q0, q1]
+    q = gl.permute(q, [0, 1, 2, 4, 5, 3, 7, 6])                                     # [b, h, l, w, r, t, q1, q0]
+    return gl.convert_layout(gl.reshape(q, [BN, 128]), a_op, assert_trivial=True), r
 
 
 @gluon.jit
@@ -287,9 +305,10 @@ NARROW = dict(block_m=32, warps=4, stages=4, ctas_per_sm=3, overlap=True)
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
-    """Whether this kernel takes the call: CUDA sm_90+, ≥ MIN_ROWS rows, symmetric weights, group 128."""
+    """Whether this kernel (or, for int8 activations, its warp-specialised form alone) takes the call: CUDA sm_90+,
+    ≥ MIN_ROWS rows, symmetric weights, group 128."""
     return (x.is_cuda and gpu.capability(x.device) >= (9, 0) and x.numel() // x.shape[-1] >= MIN_ROWS
-            and w.zs is None and w.group == 128 and x.dtype in (torch.bfloat16, torch.float16)
+            and w.zs is None and w.group == 128 and x.dtype in (torch.bfloat16, torch.float16, torch.int8)
             and x.stride(-1) == 1)
 
 

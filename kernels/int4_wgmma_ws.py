@@ -62,6 +62,20 @@ even with nothing kept only ties cuBLAS. Whole tiles on one wave of programs, pr
 (the ring running on across its tiles: no second launch wave, no refill): slower where the tiles make two waves
 (qkvz 78.6 against 76.9, attn 78.1 against 74.1), faster only on three waves of 128-token tiles (qkvz 89.2 against
 94.1), which the 160-token tiles beat anyway.
+W4A8 (int8 activations with per-token scales, kernels/int4_linear.w4a8_linear): the same ring and cuts, the
+activations int8 (half the stage), the weights unpacked as codes − 8 into the int8 wgmma's register operand
+(int4_wgmma._a_operand_i8: 3 instructions per 4 codes; the activations come with their k permuted to match,
+layers.quant.a8_permute), each group's products summed exactly in int32 by the tensor cores at twice the bf16 rate
+and added to fp32 accumulators at the group's column scales (_scaled; no overlapped loop), the token scales applied
+at the store. H200, 320 rows, us (bench/results/kernels-h200.md; the activations already in operand order / cuBLAS
+bf16 / W4A16 here): qkvz 65.6 / 75.9 / 77.6, out_proj 34.0 / 36.9 / 36.6, attn 65.8 / 71.0 / 74.5, gate_up 146.7
+/ 216.5 / 181.4, down 80.7 / 94.5 / 91.2 (1.08-1.48x cuBLAS); w4a8_linear's permuting copy adds 8-17 us (a
+producer that writes the operand order saves it). Where its time goes (probes, same shapes): without the scaling
+(IADD, FADD, FFMA per int32 sum, 240 of the loop's ~354 instructions a thread and group) qkvz took 53.8 against 70;
+without the unpack's and / add / xor, no less. Tried and not kept: the 128-token part as two 64-token mma whose
+sums are scaled while the later ones are still on the tensor cores: qkvz 69.5-70.6 against 65.7, attn 69.7-71.0
+against 66.6 — ptxas hoists the second wait above the first part's scaling (SASS: DEPBAR.LE 2 and 1 adjacent) even
+with the scaled sums passed through that wait, and 64-token mma are less efficient.
 Gluon has no interpreter: checked against the dequantising reference in the GPU tests, compiled for sm_90 by
 tests/aot_compile.py. Reference: layers.quant.dequantize_int4."""
 import torch
@@ -74,7 +88,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from kernels import device as gpu
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 from kernels.int4_gemv import _prog_of, _range_start
-from kernels.int4_wgmma import _a_operand, _hold, _pairs, layouts
+from kernels.int4_wgmma import _a_operand, _a_operand_i8, _hold, _pairs, layouts
 from kernels.splitk import workspace
 from layers.quant import Int4Weight
 
@@ -93,10 +107,10 @@ MAXNREG = 168                           # 12 warps at one CTA per SM; setmaxnreg
 
 
 @triton.constexpr_function
-def stage_bytes(bm, bm2):
+def stage_bytes(bm, bm2, a8=False):
     """Bytes of a ring stage for a token tile: words and scales of the consumers' columns, activations [bm + bm2,
-    128]: the loader's expected transaction count and stages_for's budget."""
-    return CONSUMERS.value * WG_COLS.value * (16 * 4 + 2) + (bm + bm2) * 128 * 2
+    128] (16-bit, or int8 with a8): the loader's expected transaction count and stages_for's budget."""
+    return CONSUMERS.value * WG_COLS.value * (16 * 4 + 2) + (bm + bm2) * 128 * (1 if a8 else 2)
 
 
 @gluon.jit
@@ -130,6 +144,39 @@ def _group(i, c: gl.constexpr, rings, full, acc, acc2, a_op: gl.constexpr, a_op2
 
 
 @gluon.jit
+def _scaled(acc, sums, scale):
+    """acc + sums · scale: int32 sums (|s| ≤ 128·8·127 < 2^22) made floats without a conversion instruction (I2F
+    issues at an eighth of the FMA rate): the bits of s + 0x4B400000 are the float 1.5·2^23 + s, and subtracting
+    1.5·2^23 leaves s exactly."""
+    return acc + ((sums + 0x4B400000).to(gl.float32, bitcast=True) - 12582912.0) * scale
+
+
+@gluon.jit
+def _group_a8(i, c: gl.constexpr, rings, full, acc, acc2, a_op: gl.constexpr, a_op2: gl.constexpr,
+              words: gl.constexpr, flat: gl.constexpr, mma: gl.constexpr, mma2: gl.constexpr, BM: gl.constexpr,
+              BM2: gl.constexpr, STAGES: gl.constexpr):
+    """W4A8: consumer c's group i summed exactly in int32 (codes − 8 times int8 activations) and added to the fp32
+    accumulators at its column scales."""
+    words_ring, scales_ring, acts_ring, acts2_ring = rings
+    s = i % STAGES
+    mbarrier.wait(full.index(s), (i // STAGES) & 1)
+    w_stage = words_ring.index(s)._reinterpret(gl.int32, [CONSUMERS, WG_COLS, 16], flat).index(c)
+    s_stage = scales_ring.index(s)._reinterpret(scales_ring.dtype, [CONSUMERS, 1, WG_COLS], flat).index(c)
+    a, _ = _a_operand_i8(w_stage, WG_COLS, words, a_op)
+    scale = s_stage.reshape([WG_COLS]).load(gl.SliceLayout(1, mma)).to(gl.float32)
+    sums = warpgroup_mma(a, acts_ring.index(s).permute((1, 0)), gl.zeros([WG_COLS, BM], gl.int32, mma),
+                         use_acc=False, is_async=True)
+    if BM2 > 0:
+        sums2 = warpgroup_mma(gl.convert_layout(a, a_op2, assert_trivial=True), acts2_ring.index(s).permute((1, 0)),
+                              gl.zeros([WG_COLS, BM2], gl.int32, mma2), use_acc=False, is_async=True)
+        sums, sums2 = warpgroup_mma_wait(0, deps=[sums, sums2])
+        acc2 = _scaled(acc2, sums2, gl.expand_dims(gl.convert_layout(scale, gl.SliceLayout(1, mma2)), 1))
+    else:
+        sums = warpgroup_mma_wait(0, deps=[sums])
+    return _scaled(acc, sums, gl.expand_dims(scale, 1)), acc2
+
+
+@gluon.jit
 def _tile_origin(t, m_tiles, BM: gl.constexpr, BM2: gl.constexpr):
     """Tile t's first column and first token (tile = n_tile · m_tiles + m_tile)."""
     return t // m_tiles * (CONSUMERS * WG_COLS), t % m_tiles * (BM + BM2)
@@ -145,13 +192,18 @@ def _block_ptrs(base, stride, r0, t0, BM: gl.constexpr, mma: gl.constexpr):
 
 
 @gluon.jit
-def _store(acc, acc2, out_ptr, M, N, stride_om, c0, m0, BM: gl.constexpr, BM2: gl.constexpr, mma: gl.constexpr,
-           mma2: gl.constexpr):
-    """A consumer's [64, BM (+ BM2)] block of the output from column c0 and token m0."""
+def _store(acc, acc2, out_ptr, sa_ptr, M, N, stride_om, c0, m0, BM: gl.constexpr, BM2: gl.constexpr,
+           mma: gl.constexpr, mma2: gl.constexpr, A8: gl.constexpr):
+    """A consumer's [64, BM (+ BM2)] block of the output from column c0 and token m0 (W4A8: times the tokens'
+    activation scales)."""
     ptrs, cols, tok = _block_ptrs(out_ptr, stride_om, c0, m0, BM, mma)
+    if A8:
+        acc = acc * gl.expand_dims(gl.load(sa_ptr + tok, mask=tok < M, other=0.0), 0)
     gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
     if BM2 > 0:
         ptrs, cols, tok = _block_ptrs(out_ptr, stride_om, c0, m0 + BM, BM2, mma2)
+        if A8:
+            acc2 = acc2 * gl.expand_dims(gl.load(sa_ptr + tok, mask=tok < M, other=0.0), 0)
         gl.store(ptrs, acc2.to(out_ptr.dtype.element_ty),
                  mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
 
@@ -200,17 +252,17 @@ def _sum_pieces(acc, acc2, pid, first, last, t_lo, ws_ptr, P, units, c: gl.const
 
 @gluon.jit
 def _finish(acc, acc2, c: gl.constexpr, t, seg_lo, seg_hi, args, mma: gl.constexpr, mma2: gl.constexpr,
-            BM: gl.constexpr, BM2: gl.constexpr, WHOLE: gl.constexpr):
+            BM: gl.constexpr, BM2: gl.constexpr, WHOLE: gl.constexpr, A8: gl.constexpr):
     """Consumer c's 64 columns of tile t, summed over the work units seg_lo … seg_hi − 1: stored when those are
     all of the tile's. Else, when the tile's other pieces have all arrived (its counter says so) this program adds
     them to its own and stores the sum — the usual end of a range: the tile's tail was the next range's first
     work, long done. If not, it leaves its piece in the workspace (_slot) and bumps the counter; whichever
     program arrives last adds the pieces."""
-    out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
+    out_ptr, sa_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
     n0, m0 = _tile_origin(t, m_tiles, BM, BM2)
     c0 = n0 + c * WG_COLS
     if WHOLE:
-        _store(acc, acc2, out_ptr, M, N, stride_om, c0, m0, BM, BM2, mma, mma2)
+        _store(acc, acc2, out_ptr, sa_ptr, M, N, stride_om, c0, m0, BM, BM2, mma, mma2, A8)
     else:
         P = gl.num_programs(0)
         pid = gl.program_id(0)
@@ -233,7 +285,7 @@ def _finish(acc, acc2, c: gl.constexpr, t, seg_lo, seg_hi, args, mma: gl.constex
                                         BM2, mma, mma2)
                 gl.atomic_xchg(counter, 0, sem="relaxed")               # zero again for the next launch
         if arrived == others:
-            _store(acc, acc2, out_ptr, M, N, stride_om, c0, m0, BM, BM2, mma, mma2)
+            _store(acc, acc2, out_ptr, sa_ptr, M, N, stride_om, c0, m0, BM, BM2, mma, mma2, A8)
 
 
 @gluon.jit
@@ -244,12 +296,17 @@ def _segment(c: gl.constexpr, t, seg_lo, seg_hi, u_lo, rings, bars, args, mma: g
     """Consumer c's 64 columns of tile t over the work units seg_lo … seg_hi − 1 of the program's range, which
     starts at u_lo: group i of the range is ring stage i % STAGES."""
     full, empty = bars
+    A8: gl.constexpr = DT == gl.int8
     UNIT: gl.constexpr = 2 if OVERLAP else 1
     i0 = (seg_lo - u_lo) * UNIT
     i1 = (seg_hi - u_lo) * UNIT
     acc = gl.zeros([WG_COLS, BM], gl.float32, mma)
     acc2 = gl.zeros([WG_COLS, BM2 if BM2 > 0 else BM], gl.float32, mma2)      # unused without BM2
-    if OVERLAP:
+    if A8:
+        for i in range(i0, i1):
+            acc, acc2 = _group_a8(i, c, rings, full, acc, acc2, a_op, a_op2, words, flat, mma, mma2, BM, BM2, STAGES)
+            _release(i, empty, STAGES, True)
+    elif OVERLAP:
         zeros = gl.zeros([WG_COLS // 16, 2, 8, 4, 4], gl.int32, words)
         held = _pairs(zeros, zeros, DT)
         for i in range(i0, i1, 2):          # pairs, so that each A register set is fixed
@@ -269,7 +326,7 @@ def _segment(c: gl.constexpr, t, seg_lo, seg_hi, u_lo, rings, bars, args, mma: g
         for i in range(i0, i1):
             acc, acc2, _ = _group(i, c, rings, full, acc, acc2, a_op, a_op2, words, flat, BM2, STAGES, DT, 0)
             _release(i, empty, STAGES, True)
-    _finish(acc, acc2, c, t, seg_lo, seg_hi, args, mma, mma2, BM, BM2, WHOLE)
+    _finish(acc, acc2, c, t, seg_lo, seg_hi, args, mma, mma2, BM, BM2, WHOLE, A8)
 
 
 @gluon.jit
@@ -278,7 +335,7 @@ def _consumer(c: gl.constexpr, rings, bars, args, mma: gl.constexpr, mma2: gl.co
               STAGES: gl.constexpr, DT: gl.constexpr, OVERLAP: gl.constexpr, ONE_TILE: gl.constexpr):
     """Consumer c's 64 columns of every tile the program's range of work units touches, one after another (with
     ONE_TILE, programs = tiles: program i's range is tile i, whole)."""
-    out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
+    out_ptr, sa_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
     pid = gl.program_id(0)
     if ONE_TILE:
         u_lo = pid * per_tile
@@ -310,10 +367,10 @@ def _worker(rings, bars, args, descs, mma: gl.constexpr, mma2: gl.constexpr, a_o
     if LOADER:
         words_ring, scales_ring, acts_ring, acts2_ring = rings
         full, empty = bars
-        out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
+        out_ptr, sa_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units = args
         w_desc, s_desc, x_desc, x2_desc = descs
         UNIT: gl.constexpr = 2 if OVERLAP else 1
-        nbytes: gl.constexpr = stage_bytes(BM, BM2)
+        nbytes: gl.constexpr = stage_bytes(BM, BM2, DT == gl.int8)
         k_groups = per_tile * UNIT
         P = gl.num_programs(0)
         pid = gl.program_id(0)
@@ -340,13 +397,13 @@ def _worker(rings, bars, args, descs, mma: gl.constexpr, mma2: gl.constexpr, a_o
 
 
 @gluon.jit
-def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_om, m_tiles,
+def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, sa_ptr, ws_ptr, cnt_ptr, M, N, K, stride_om, m_tiles,
                     mma: gl.constexpr, mma2: gl.constexpr, a_op: gl.constexpr, a_op2: gl.constexpr,
                     words: gl.constexpr, flat: gl.constexpr, BM: gl.constexpr, BM2: gl.constexpr,
                     STAGES: gl.constexpr, OVERLAP: gl.constexpr, ONE_TILE: gl.constexpr, PDL: gl.constexpr):
     # Descriptors (host TMA): words = qweight [K/128 · N, 16] int32, block [BN, 16]; scales [K/128, N], block
-    # [1, BN]; x [M, K] bf16/fp16, blocks [BM, 128] and [BM2, 128] (rows past M read as zeros); out [M, N] any float
-    # dtype (row stride stride_om); ws fp32 [2 · programs · BN · (BM + BM2)] (partial-tile pieces, any contents),
+    # [1, BN]; x [M, K] bf16/fp16, or int8 (W4A8: k permuted as layers.quant.a8_k says, token scales sa fp32 [M]),
+    # blocks [BM, 128] and [BM2, 128] (rows past M read as zeros); out [M, N] any float dtype (row stride stride_om); ws fp32 [2 · programs · BN · (BM + BM2)] (partial-tile pieces, any contents),
     # cnt int32 [tiles · 2] zeroed (kernels/splitk.py). Tiles: tile = n_tile · m_tiles + m_tile, [BN, BM + BM2]
     # each. Grid (programs,): the work units (tile, group or pair of groups), tile-major, cut into one equal range
     # per program.
@@ -365,7 +422,7 @@ def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, ws_ptr, cnt_ptr, M
         mbarrier.init(empty.index(i), count=CONSUMERS)      # one arrival per consumer warpgroup
     rings = (words_ring, scales_ring, acts_ring, acts2_ring)
     bars = (full, empty)
-    args = (out_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units)
+    args = (out_ptr, sa_ptr, M, N, stride_om, ws_ptr, cnt_ptr, m_tiles, per_tile, units)
     descs = (w_desc, s_desc, x_desc, x2_desc)
     gl.warp_specialize([
         (_first_consumer, (rings, bars, args, mma, mma2, a_op, a_op2, words, flat, BM, BM2, STAGES, DT, OVERLAP,
@@ -377,7 +434,7 @@ def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, ws_ptr, cnt_ptr, M
     ], [4, 1], [232, 40])
 
 
-def launch(m: int, n: int, k: int, sms: int):
+def launch(m: int, n: int, k: int, sms: int, a8: bool = False):
     """(BM, BM2, programs) for m rows, or None where int4_wgmma.py keeps the call (below MIN_ROWS, or programs
     that would fill less than half the SMs): the token tile and cut of the work whose busiest program costs least,
     its groups times (tokens + TILE_COST) — one tile a program (in waves of one a SM), each tile cut in 2 to
@@ -392,13 +449,14 @@ def launch(m: int, n: int, k: int, sms: int):
     51.7 / 54.4; 1024 rows qkvz 225 / 246, gate_up 507 / 539; 4096 rows qkvz 934 / 1069, out_proj 353 / 391,
     gate_up 1976 / 2541, down 1051 / 1126. Not taken (session 21): 320-token tiles (256 + 64: 2 ring stages, no
     overlap), whole, at 320 rows — qkvz 73.8 against 75.2 (cuBLAS 73.0), attn 73.3 against 73.5; in stream-K
-    ranges, and at the other shapes, slower."""
+    ranges, and at the other shapes, slower. W4A8 (a8) holds int32 sums beside the fp32 accumulators: the
+    256-token tile spills there (296 bytes of stack, sm_90), so it takes the others only."""
     if m < MIN_ROWS:
         return None
     groups = k // 128
     unit = 2 if groups % 2 == 0 else 1                  # the overlapped loop's pairs
     best = None
-    for tile in TOKEN_TILES:
+    for tile in TOKEN_TILES[:-1] if a8 else TOKEN_TILES:
         tokens = sum(tile)
         tiles = triton.cdiv(n, CONSUMERS.value * WG_COLS.value) * triton.cdiv(m, tokens)
         cuts = [(triton.cdiv(tiles, sms) * groups, tiles, 0)]
@@ -414,9 +472,9 @@ def launch(m: int, n: int, k: int, sms: int):
     return best[1] if 2 * best[1][2] >= sms else None
 
 
-def stages_for(bm: int, bm2: int) -> int:
+def stages_for(bm: int, bm2: int, a8: bool = False) -> int:
     """Ring stages for a token tile: STAGES, or as many as SMEM holds."""
-    return min(STAGES, (SMEM - 1024) // stage_bytes(bm, bm2))
+    return min(STAGES, (SMEM - 1024) // stage_bytes(bm, bm2, a8))
 
 
 def pick(x: torch.Tensor, w: Int4Weight):
@@ -424,26 +482,30 @@ def pick(x: torch.Tensor, w: Int4Weight):
     x's rows meet TMA's alignment (16-byte base and row stride). For calls int4_wgmma.supports takes."""
     x2 = x.reshape(-1, x.shape[-1])
     aligned = x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0
-    return launch(x2.shape[0], w.n, w.k, gpu.num_sms(x.device)) if aligned else None
+    return launch(x2.shape[0], w.n, w.k, gpu.num_sms(x.device), x.dtype == torch.int8) if aligned else None
 
 
 def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple, overlap: bool = None,
-                  stages: int = None) -> torch.Tensor:
+                  stages: int = None, x_scale: torch.Tensor = None) -> torch.Tensor:
     """x [..., K] bf16/fp16 (rows TMA-aligned: pick), w symmetric with group 128, out [..., N] any float dtype:
     out = x @ Wᵀ. cfg = (BM, BM2, programs) as `pick` chooses (programs: at most one per work unit); stages
     default to stages_for; overlap needs an even number of groups, and by default is taken wherever they pair up
     and the ring has 4 stages: the overlapped loop holds two, so 3 would leave the loader one (H200, the 3-stage
     256-token tiles, us without / with it: qkvz 240 rows 57.3 / 59.9, attn 200 rows 54.7 / 57.1, 1024 rows the
-    same, out_proj 4096 rows 351.6 / 355.1; bitwise the same output)."""
+    same, out_proj 4096 rows 351.6 / 355.1; bitwise the same output).
+    W4A8: x int8 with its k permuted in blocks of 32 as layers.quant.a8_k says, x_scale fp32 [...] per token;
+    out = (x · x_scale) @ Wᵀ, each group summed exactly in int32 (no overlap)."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     out2 = out.view(-1, n)
     m = x2.shape[0]
+    a8 = x.dtype == torch.int8
+    assert a8 == (x_scale is not None), "int8 activations come with their per-token scales"
     bm, bm2, programs = cfg
-    stages = stages or stages_for(bm, bm2)
-    overlap = k % 256 == 0 and stages >= 4 if overlap is None else overlap
+    stages = stages or stages_for(bm, bm2, a8)
+    overlap = k % 256 == 0 and stages >= 4 and not a8 if overlap is None else overlap
     assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
-    assert not overlap or k % 256 == 0, "overlap: groups in pairs"
+    assert not overlap or (k % 256 == 0 and not a8), "overlap: groups in pairs, 16-bit activations"
     bn = CONSUMERS.value * WG_COLS.value
     m_tiles = triton.cdiv(m, bm + bm2)
     tiles = triton.cdiv(n, bn) * m_tiles
@@ -452,17 +514,19 @@ def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple,
     w_desc = TensorDescriptor.from_tensor(w.qweight.view(-1, 16), [bn, 16], plain)
     s_desc = TensorDescriptor.from_tensor(w.scales, [1, bn],
                                           gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
-    x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)   # as the wgmma reads it
+    bits = 8 if a8 else 16
+    x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=bits, rank=2)  # as the wgmma reads it
     x_desc = TensorDescriptor.from_tensor(x2, [bm, 128], x_layout)
-    mma, a_op, words = layouts(WG_COLS.value, bm, 4)
+    mma, a_op, words = layouts(WG_COLS.value, bm, 4, bits)
     x2_desc, mma2, a_op2 = x_desc, mma, a_op                        # stand-ins the kernel never uses without BM2
     if bm2:
         x2_desc = TensorDescriptor.from_tensor(x2, [bm2, 128], x_layout)
-        mma2, a_op2, _ = layouts(WG_COLS.value, bm2, 4)
+        mma2, a_op2, _ = layouts(WG_COLS.value, bm2, 4, bits)
     flat = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     ws, cnt = workspace(x.device, 2 * programs * bn * (bm + bm2), tiles * CONSUMERS.value, PIECES)
     pdl = gpu.pdl(x.device)
     _int4_ws_kernel[(programs,)](
-        w_desc, s_desc, x_desc, x2_desc, out2, ws, cnt, m, n, k, out2.stride(0), m_tiles, mma, mma2, a_op, a_op2,
-        words, flat, bm, bm2, stages, overlap, programs == tiles, pdl, num_warps=4, maxnreg=MAXNREG, launch_pdl=pdl)
+        w_desc, s_desc, x_desc, x2_desc, out2, x_scale if a8 else out2, ws, cnt, m, n, k, out2.stride(0), m_tiles,
+        mma, mma2, a_op, a_op2, words, flat, bm, bm2, stages, overlap, programs == tiles, pdl, num_warps=4,
+        maxnreg=MAXNREG, launch_pdl=pdl)
     return out

@@ -31,6 +31,23 @@ def mma_k(device=None) -> torch.Tensor:
     return 32 * w + 16 * p1 + 8 * p0 + 2 * t + e
 
 
+def a8_k(device=None) -> torch.Tensor:
+    """int64 [32]: the k of a 32-wide chunk that slot k' = 16r + 4t + q of the int8 wgmma operand holds, when the
+    mma layout's words are unpacked as (word >> 4r) & 0x0F0F0F0F (kernels/int4_wgmma._a_operand_i8): nibble 2q + r
+    of word 4t + w, k = 16·(q & 1) + 8r + 2t + (q >> 1). W4A8 activations are permuted to match (a8_permute)."""
+    kp = torch.arange(32, device=device)
+    r, t, q = kp // 16, (kp // 4) % 4, kp % 4
+    return 16 * (q % 2) + 8 * r + 2 * t + q // 2
+
+
+def a8_permute(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] → x in the W4A8 operand's k order: position 32c + k' holds k = 32c + a8_k[k'] (k's bits q0 r t1 t0
+    q1 reordered to r t1 t0 q1 q0; one copy)."""
+    *lead, k = x.shape
+    assert k % 32 == 0, f"K = {k} must be a multiple of 32"
+    return x.reshape(*lead, k // 32, 2, 2, 4, 2).movedim(-4, -1).reshape(*lead, k)
+
+
 @dataclass
 class Int4Weight:
     qweight: torch.Tensor                 # int32 [K/128, N, 16] (the mma layout)

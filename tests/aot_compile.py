@@ -71,6 +71,9 @@ def launches():
                 m, programs = (sum(tile), -(-n // 128)) if whole else (320, 132)
                 for overlap in (True, False):
                     int4_wgmma_ws.int4_wgmma_ws(empty(m, k), w, empty(m, n), tile + (programs,), overlap=overlap)
+                if tile != int4_wgmma_ws.TOKEN_TILES[-1]:      # W4A8 (launch never takes it the 256-token tile)
+                    int4_wgmma_ws.int4_wgmma_ws(empty(m, k, dtype=torch.int8), w, empty(m, n), tile + (programs,),
+                                                x_scale=empty(m, dtype=torch.float32))
         int4_linear.w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
         yield f"int4 {n}x{k}"
     head = Int8Weight(empty(V, H, dtype=torch.int8), empty(V, dtype=torch.float16))

@@ -5,8 +5,8 @@ import torch
 
 from kernels.int4_linear import NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from kernels.splitk import workspace
-from layers.quant import (concat_outputs, dequantize_int4, int4_from_gptq, mma_k, pack_int4, pack_mma,
-                          quantize_act_int8, quantize_int4, unpack_int4, unpack_mma)
+from layers.quant import (a8_k, a8_permute, concat_outputs, dequantize_int4, int4_from_gptq, mma_k, pack_int4,
+                          pack_mma, quantize_act_int8, quantize_int4, unpack_int4, unpack_mma)
 from tests.fixtures import rel_err
 from tests.int4_cases import SHAPES_27B
 
@@ -51,6 +51,24 @@ def test_mma_layout():
     one[128 + 32 * w + 16 * p1 + 8 * p0 + 2 * t + e, 2] = 0xB
     words = pack_mma(one)
     assert words.count_nonzero() == 1 and words[1, 2, 4 * t + w].item() == 0xB << 4 * (4 * e + 2 * p1 + p0)
+
+
+def test_a8_operand_order():
+    """The W4A8 wgmma operand (kernels/int4_wgmma._a_operand_i8), modelled here: word 4t + w of a column unpacked as
+    bytes q of (word >> 4r) & 0x0F0F0F0F fills slot k' = 32w + 16r + 4t + q; against activations in a8_permute's
+    order every slot meets its own k, so the dot product is the dequantised one."""
+    gen = torch.Generator().manual_seed(6)
+    codes = torch.randint(0, 16, (256, 24), generator=gen, dtype=torch.uint8)
+    x = torch.randint(-127, 128, (3, 256), generator=gen)
+    words = pack_mma(codes).to(torch.int64) & 0xFFFFFFFF                       # [K/128, N, 16 (4t + w)]
+    t, w, r, q = torch.meshgrid(torch.arange(4), torch.arange(4), torch.arange(2), torch.arange(4), indexing="ij")
+    nib = (words[..., (4 * t + w).flatten()] >> (4 * r + 8 * q).flatten()) & 0xF   # [K/128, N, (t, w, r, q)]
+    slot = (32 * w + 16 * r + 4 * t + q).flatten()
+    operand = torch.empty_like(nib)
+    operand[..., slot] = nib                                                    # [K/128, N, k']
+    operand = operand.permute(0, 2, 1).reshape(256, 24) - 8                     # codes − 8 in slot order
+    assert torch.equal(a8_permute(x) @ operand, x @ (codes.long() - 8))
+    assert torch.equal(a8_permute(x)[:, :32], x[:, a8_k()])
 
 
 @pytest.mark.parametrize("sym", [True, False])

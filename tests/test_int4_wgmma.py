@@ -9,7 +9,7 @@ from kernels.int4_linear import int4_linear
 from kernels.int4_wgmma import MIN_ROWS, int4_wgmma, pick, supports
 from kernels.int4_wgmma_ws import PIECES, int4_wgmma_ws, pick as ws_pick
 from kernels.splitk import workspace
-from layers.quant import Int4Weight, dequantize_int4, quantize_int4
+from layers.quant import Int4Weight, a8_permute, dequantize_int4, quantize_act_int8, quantize_int4
 from tests.fixtures import rel_err
 from tests.int4_cases import SHAPES_27B, check_graph_replay, int4_case
 
@@ -84,7 +84,7 @@ def test_int4_wgmma_graph_replay():
 # (units of a pair, overlap), both dtypes; programs whose ranges hold whole tiles only, ranges cutting tiles in 2-9
 # pieces, ranges inside one tile (both ends partial), one unit a program, one program for everything, one tile a
 # program; the 192- and 256-token tiles
-@pytest.mark.parametrize("m,n,k,xdt,sdt,cfg,overlap", [
+WS_CASES = [
     (65, 136, 384, torch.bfloat16, torch.float16, (128, 0, 1), False),
     (200, 264, 1024, torch.float16, torch.bfloat16, (128, 32, 5), True),
     (321, 520, 1152, torch.bfloat16, torch.float16, (128, 32, 7), False),
@@ -98,9 +98,26 @@ def test_int4_wgmma_graph_replay():
     (200, 264, 1024, torch.bfloat16, torch.float16, (128, 128, 3), True),     # the 192- and 256-token tiles:
     (192, 520, 2304, torch.bfloat16, torch.bfloat16, (128, 64, 5), True),     # whole, and in ranges
     (390, 136, 640, torch.float16, torch.bfloat16, (128, 64, 4), False),
-])
+]
+
+
+@pytest.mark.parametrize("m,n,k,xdt,sdt,cfg,overlap", WS_CASES)
 def test_int4_wgmma_ws(m, n, k, xdt, sdt, cfg, overlap):
     assert_case(lambda x, w, out: int4_wgmma_ws(x, w, out, cfg, overlap=overlap), m, n, k, xdt, sdt)
+
+
+@pytest.mark.parametrize("m,n,k,xdt,sdt,cfg,overlap", WS_CASES)
+def test_int4_wgmma_ws_a8(m, n, k, xdt, sdt, cfg, overlap):
+    """W4A8, the same cuts of the work: int8 activations in the operand's k order (layers.quant.a8_permute), each
+    group's int32 sums scaled in fp32: the exact products of the codes, summed in fp32."""
+    x, w = int4_case(m, n, k, xdt, sdt, m * 1000 + n + k)
+    xq, s_a = quantize_act_int8(x)
+    out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")      # poisoned
+    int4_wgmma_ws(a8_permute(xq), w, out, cfg, x_scale=s_a)
+    ref = (xq.float() * s_a[:, None]) @ dequantize_int4(w).T
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 1e-5, rel_err(out, ref)
+    assert not workspace(x.device, 1, 1, PIECES)[1].any()                # the stream-K counters left zeroed
 
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)

@@ -10,12 +10,13 @@ from tests.int4_cases import SHAPES_27B
 SMS = 132                                   # the H200's multiprocessors
 
 
+@pytest.mark.parametrize("a8", [False, True])
 @pytest.mark.parametrize("n,k", SHAPES_27B + [(264, 1024), (520, 1152)])
-def test_launch_invariants(n, k):
+def test_launch_invariants(n, k, a8):
     groups = k // 128
     unit = 2 if groups % 2 == 0 else 1
     for m in range(1, 4200, 7):
-        cfg = ws.launch(m, n, k, SMS)
+        cfg = ws.launch(m, n, k, SMS, a8)
         if m < ws.MIN_ROWS:
             assert cfg is None
             continue
@@ -27,6 +28,7 @@ def test_launch_invariants(n, k):
         assert 2 * programs >= SMS and programs <= tiles * (groups // unit), (m, cfg)
         assert programs == tiles or programs <= SMS, (m, cfg)            # waves only of whole tiles
         assert bm2 < ws.WHOLE_ONLY or programs == tiles, (m, cfg)        # the large tiles only whole
+        assert not a8 or bm + bm2 < 256, (m, cfg)                          # W4A8 spills on 256-token tiles
 
 
 def test_stages_fit_shared_memory():
