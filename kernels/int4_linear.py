@@ -384,15 +384,17 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg: C
 
 
 def w4a8_linear(x_q: torch.Tensor, s_a: torch.Tensor, w: Int4Weight, out: torch.Tensor = None,
-                out_dtype: torch.dtype = torch.bfloat16, cfg: Config = None) -> torch.Tensor:
+                out_dtype: torch.dtype = torch.bfloat16, cfg: Config = None, a8_order: bool = False) -> torch.Tensor:
     """x_q int8 [..., K] with per-token fp32 scales s_a [...] → [..., N] in out_dtype (or into `out`). From 65 rows
-    on sm_90 the warp-specialised kernel takes the call, after one copy of x_q into its operand order."""
+    on sm_90 the warp-specialised kernel takes the call, x_q in its operand's k order: as given with a8_order (the
+    norms write it so: kernels/norms.py), else after one permuting copy; the other kernels take natural order (an
+    a8_order x_q is copied back to it)."""
     assert x_q.dtype == torch.int8 and s_a.dtype == torch.float32 and s_a.is_contiguous()
     if out is None:
         out = torch.empty(*x_q.shape[:-1], w.n, dtype=out_dtype, device=x_q.device)
     if cfg is None and wgmma_supports(x_q, w):
-        x_k = a8_permute(x_q.reshape(-1, w.k))                                  # the operand's k order (a copy)
+        x_k = x_q.reshape(-1, w.k) if a8_order else a8_permute(x_q.reshape(-1, w.k))
         ws_cfg = ws_pick(x_k, w)
         if ws_cfg:
             return int4_wgmma_ws(x_k, w, out, ws_cfg, x_scale=s_a)
-    return _launch(x_q, s_a, w, out, cfg)
+    return _launch(a8_permute(x_q, inverse=True) if a8_order else x_q, s_a, w, out, cfg)

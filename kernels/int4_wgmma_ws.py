@@ -67,10 +67,10 @@ activations int8 (half the stage), the weights unpacked as codes − 8 into the 
 (int4_wgmma._a_operand_i8: 3 instructions per 4 codes; the activations come with their k permuted to match,
 layers.quant.a8_permute), each group's products summed exactly in int32 by the tensor cores at twice the bf16 rate
 and added to fp32 accumulators at the group's column scales (_scaled; no overlapped loop), the token scales applied
-at the store. H200, 320 rows, us (bench/results/kernels-h200.md; the activations already in operand order / cuBLAS
-bf16 / W4A16 here): qkvz 65.6 / 75.9 / 77.6, out_proj 34.0 / 36.9 / 36.6, attn 65.8 / 71.0 / 74.5, gate_up 146.7
-/ 216.5 / 181.4, down 80.7 / 94.5 / 91.2 (1.08-1.48x cuBLAS); w4a8_linear's permuting copy adds 8-17 us (a
-producer that writes the operand order saves it). Where its time goes (probes, same shapes): without the scaling
+at the store. H200, 320 rows, us (bench/results/kernels-h200.md; the activations already in operand order, as
+kernels/norms.py writes them with a8_order / cuBLAS bf16 / W4A16 here): qkvz 66.1 / 73.3 / 76.3, out_proj 33.4 /
+36.0 / 36.0, attn 65.7 / 68.6 / 75.1, gate_up 147.3 / 211.0 / 177.8, down 80.9 / 93.5 / 90.9 (1.04-1.43x cuBLAS;
+another run 1.08-1.48x); w4a8_linear's permuting copy, where x_q comes in natural order, adds 8-18 us. Where its time goes (probes, same shapes): without the scaling
 (IADD, FADD, FFMA per int32 sum, 240 of the loop's ~354 instructions a thread and group) qkvz took 53.8 against 70;
 without the unpack's and / add / xor, no less. Tried and not kept: the 128-token part as two 64-token mma whose
 sums are scaled while the later ones are still on the tensor cores: qkvz 69.5-70.6 against 65.7, attn 69.7-71.0

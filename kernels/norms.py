@@ -8,8 +8,10 @@
   silu_mul         y = silu(gate) · up                                          (MLP)
 
 Each output can also come as int8 per token for a W4A8 matmul (QUANT.md): s = max|y| / 127 (at least 1e-6),
-q = round-half-even(y / s), computed from the rounded y. The maths follows HF rounding step by step (products of
-bf16 tensors rounded to bf16 where HF rounds them), so only rsqrt/exp differ in the last bits.
+q = round-half-even(y / s), computed from the rounded y; with a8_order its columns land in the Hopper W4A8 kernel's
+operand order (layers.quant.a8_permute), which saves w4a8_linear its permuting copy. The maths follows HF rounding
+step by step (products of bf16 tensors rounded to bf16 where HF rounds them), so only rsqrt/exp differ in the last
+bits.
 References: the *_ref functions below, built from layers/model.py."""
 import torch
 import torch.nn.functional as F
@@ -74,6 +76,16 @@ def _int8_scale(amax):
 
 
 @triton.jit
+def _a8_pos(k, A8: tl.constexpr):
+    """Where column k's code goes: k itself, or with A8 its place in the W4A8 operand order
+    (layers.quant.a8_permute: within each 32 columns, k's bits q0 r t1 t0 q1 become r t1 t0 q1 q0)."""
+    if A8:
+        return (k & ~31) | (((k >> 3) & 1) << 4) | (((k >> 1) & 3) << 2) | ((k & 1) << 1) | ((k >> 4) & 1)
+    else:
+        return k
+
+
+@triton.jit
 def _int8_store(q_ptr, y, s, mask):
     """round-half-even(y / s) via the 1.5·2^23 shift (exact for |v| < 2^22), no libdevice needed."""
     v = tl.div_rn(y, s)
@@ -83,9 +95,11 @@ def _int8_store(q_ptr, y, s, mask):
 
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, H, eps,
-                        HAS_RES: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                        HAS_RES: tl.constexpr, QUANT: tl.constexpr, A8: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr):
     """x, residual, h, y [T, H] contiguous, w [H]; grid (T,). h may alias residual (written after reading);
-    x may be a linear's int64 sums (kernels/fixed_sum.py: converted, then cleared)."""
+    x may be a linear's int64 sums (kernels/fixed_sum.py: converted, then cleared). A8: q in the W4A8 operand
+    order (_a8_pos)."""
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK)
@@ -101,13 +115,13 @@ def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, H, ep
     if QUANT:
         s = _int8_scale(tl.max(tl.abs(y), 0))
         tl.store(s_ptr + t, s)
-        _int8_store(q_ptr + t * H + d, y, s, m)
+        _int8_store(q_ptr + t * H + _a8_pos(d, A8), y, s, m)
 
 
 @triton.jit
 def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, c_ptr, NH, D, stride_z, NC, stride_c, eps,
-                          QUANT: tl.constexpr, W_ROUNDS: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
-                          BC: tl.constexpr, PDL: tl.constexpr):
+                          QUANT: tl.constexpr, A8: tl.constexpr, W_ROUNDS: tl.constexpr, BH: tl.constexpr,
+                          BD: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr):
     """x, y [T, NH, D] contiguous, z [T, NH, D] with row stride stride_z (heads and D contiguous: z may be the
     tail of a fused projection's rows; or its int64 sums, kernels/fixed_sum.py, converted and cleared), w [D];
     c [T, NC] int64 sums (row stride stride_c) to clear (by the token's first program), NC = 0: none.
@@ -134,7 +148,7 @@ def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, c_ptr, NH, D
     if QUANT:
         s = _int8_scale(tl.max(tl.max(tl.abs(y), 1), 0))
         tl.store(s_ptr + t, s)
-        _int8_store(q_ptr + offs, y, s, m)
+        _int8_store(q_ptr + t * NH * D + _a8_pos(hh * D + d, A8), y, s, m)
 
 
 @triton.jit
@@ -222,7 +236,7 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, amax_ptr, I, g_stride, u_stride, NCH,
 
 @triton.jit
 def _silu_mul_int8_kernel(g_ptr, u_ptr, amax_ptr, q_ptr, s_ptr, I, g_stride, u_stride, NCH,
-                          BLOCK: tl.constexpr, NCHP: tl.constexpr, PDL: tl.constexpr):
+                          A8: tl.constexpr, BLOCK: tl.constexpr, NCHP: tl.constexpr, PDL: tl.constexpr):
     """grid (T, NCH): the row's scale from its chunk maxima, then this chunk's codes from y recomputed (the same
     instructions as the first pass, so bit-identical) rather than a row loop in one program per token."""
     pdl_wait(PDL)
@@ -233,8 +247,8 @@ def _silu_mul_int8_kernel(g_ptr, u_ptr, amax_ptr, q_ptr, s_ptr, I, g_stride, u_s
         tl.store(s_ptr + t, s)
     offs = c * BLOCK + tl.arange(0, BLOCK)
     m = offs < I
-    _int8_store(q_ptr + t * I + offs, _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m, True),
-                s, m)
+    y = _silu_mul_value(g_ptr + t * g_stride, u_ptr + t * u_stride, offs, m, True)
+    _int8_store(q_ptr + t * I + _a8_pos(offs, A8), y, s, m)
 
 
 # ------------------------------------------------------------------------------------------- host side
@@ -243,23 +257,27 @@ def _buf(t, shape, dtype, device):
     return t if t is not None else torch.empty(shape, dtype=dtype, device=device)
 
 
-def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None):
-    """x, residual [T, H] contiguous (residual None: h = x) -> (h, y), plus (q int8 [T, H], s [T]) when quant.
+def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None, a8_order=False):
+    """x, residual [T, H] contiguous (residual None: h = x) -> (h, y), plus (q int8 [T, H], s [T]) when quant
+    (a8_order: q in the W4A8 operand's k order, layers.quant.a8_permute, as kernels/int4_linear.w4a8_linear takes
+    it with a8_order; likewise in gated_rmsnorm and silu_mul).
     Pass h=residual to update the residual stream in place. x may be a linear's int64 sums (with a residual):
     their 8-byte rows take 16 warps (H200, T 5 x 5120: 3.3 against 3.6 µs on 8; stored bf16 2.4 on 8)."""
     T, H = x.shape
     assert residual is not None or not fixed_sum.deferred(x), "int64 sums are added to a residual"
+    assert not a8_order or (quant and H % 32 == 0), "a8_order: int8 output, rows of whole 32-column blocks"
     dt = fixed_sum.activation_dtype(x)
     h = x if residual is None else _buf(h, (T, H), dt, x.device)
     y = _buf(y, (T, H), dt, x.device)
     q, s = (_buf(q, (T, H), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
     _add_rmsnorm_kernel[(T,)](x, x if residual is None else residual, w, h, y, q, s, H, eps,
-                              HAS_RES=residual is not None, QUANT=quant, BLOCK=triton.next_power_of_2(H),
-                              num_warps=16 if fixed_sum.deferred(x) else 8, **pdl_args(x.device))
+                              HAS_RES=residual is not None, QUANT=quant, A8=a8_order,
+                              BLOCK=triton.next_power_of_2(H), num_warps=16 if fixed_sum.deferred(x) else 8,
+                              **pdl_args(x.device))
     return (h, y, q, s) if quant else (h, y)
 
 
-def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None, heads=None):
+def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None, heads=None, a8_order=False):
     """x [T, heads, D] contiguous, z [T, heads, D] (heads and D contiguous, any row stride; or a linear's int64
     sums) -> y [T, heads, D], plus (q int8 [T, heads·D], s [T]) per token when quant. clear: int64 sums [T, n]
     (unit column stride) that earlier kernels read but could not clear, zeroed here — the GDN layer's b and a,
@@ -270,6 +288,7 @@ def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None,
     T, NH, D = x.shape
     assert x.is_contiguous() and z.shape == x.shape and z.stride(2) == 1 and z.stride(1) == D
     assert clear is None or (fixed_sum.deferred(clear) and clear.shape[0] == T and clear.stride(1) == 1)
+    assert not a8_order or (quant and NH * D % 32 == 0), "a8_order: int8 output, rows of whole 32-column blocks"
     y = _buf(y, (T, NH, D), x.dtype, x.device)
     q, s = (_buf(q, (T, NH * D), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
     c, nc = (clear, clear.shape[1]) if clear is not None else (z, 0)
@@ -282,7 +301,7 @@ def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None,
         bh = filling_tile([top >> i for i in range(top.bit_length() - 1)] or [1], lambda h: T * triton.cdiv(NH, h),
                           x.device)
     _gated_rmsnorm_kernel[(T, triton.cdiv(NH, bh))](x, z, w, y, q, s, c, NH, D, z.stride(0), nc, c.stride(0), eps,
-                                                    QUANT=quant, W_ROUNDS=w.dtype == x.dtype, BH=bh,
+                                                    QUANT=quant, A8=a8_order, W_ROUNDS=w.dtype == x.dtype, BH=bh,
                                                     BD=triton.next_power_of_2(D),
                                                     BC=triton.next_power_of_2(nc) if nc else 0,
                                                     num_warps=max(1, min(8, bh // 2)), **pdl_args(x.device))
@@ -320,7 +339,7 @@ def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=F
     return q, k_out, gate
 
 
-def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, amax=None, block=1024):
+def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, amax=None, block=1024, a8_order=False):
     """gate, up [T, I] (unit stride along I; e.g. the halves of a merged gate_up; or a linear's int64 sums,
     kernels/fixed_sum.py) -> y [T, I] and, when quant, (q int8 [T, I], s [T]); write_y=False skips y when only
     the int8 copy is consumed. amax [T, cdiv(I, block)] fp32 is the int8 scratch (pass it, like the outputs, for
@@ -328,6 +347,7 @@ def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, amax=N
     int64 sums 3.36 / 2.45 / 1.64 / 1.86."""
     T, I = gate.shape
     assert gate.stride(1) == 1 and up.stride(1) == 1 and (write_y or quant) and gate.dtype == up.dtype
+    assert not a8_order or (quant and I % 32 == 0), "a8_order: int8 output, rows of whole 32-column blocks"
     block = min(block, triton.next_power_of_2(I))
     nch = triton.cdiv(I, block)
     y = _buf(y, (T, I), fixed_sum.activation_dtype(gate), gate.device) if write_y else None
@@ -339,6 +359,7 @@ def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, amax=N
                                **pdl_args(gate.device))
     if not quant:
         return y
-    _silu_mul_int8_kernel[(T, nch)](gate, up, amax, q, s, I, gate.stride(0), up.stride(0), nch, BLOCK=block,
-                                    NCHP=triton.next_power_of_2(nch), num_warps=8, **pdl_args(gate.device))
+    _silu_mul_int8_kernel[(T, nch)](gate, up, amax, q, s, I, gate.stride(0), up.stride(0), nch, A8=a8_order,
+                                    BLOCK=block, NCHP=triton.next_power_of_2(nch), num_warps=8,
+                                    **pdl_args(gate.device))
     return tuple(o for o in (y, q, s) if o is not None)

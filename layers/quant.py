@@ -40,11 +40,13 @@ def a8_k(device=None) -> torch.Tensor:
     return 16 * (q % 2) + 8 * r + 2 * t + q // 2
 
 
-def a8_permute(x: torch.Tensor) -> torch.Tensor:
+def a8_permute(x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """x [..., K] → x in the W4A8 operand's k order: position 32c + k' holds k = 32c + a8_k[k'] (k's bits q0 r t1 t0
-    q1 reordered to r t1 t0 q1 q0; one copy)."""
+    q1 reordered to r t1 t0 q1 q0; one copy); inverse: back to natural order."""
     *lead, k = x.shape
     assert k % 32 == 0, f"K = {k} must be a multiple of 32"
+    if inverse:
+        return x.reshape(*lead, k // 32, 2, 4, 2, 2).movedim(-1, -4).reshape(*lead, k)
     return x.reshape(*lead, k // 32, 2, 2, 4, 2).movedim(-4, -1).reshape(*lead, k)
 
 

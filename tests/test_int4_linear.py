@@ -191,6 +191,8 @@ def test_w4a8_linear(m, n, k, sym, cfg):
     w4a8_linear(xq, s_a, w, out=out, cfg=cfg)
     ref = (xq.float() * s_a[:, None]) @ dequantize_int4(w).T                # exact int8 codes × int4 codes
     assert rel_err(out, ref) < 1e-5, rel_err(out, ref)
+    out_a8 = w4a8_linear(a8_permute(xq), s_a, w, out_dtype=torch.float32, cfg=cfg, a8_order=True)
+    assert rel_err(out_a8, ref) < 1e-5                                       # given in the operand's k order
 
 
 def test_pick_config_splits_evenly():
@@ -220,6 +222,8 @@ def test_int4_linear_27b_shapes(m, n, k):
     xq, s_a = quantize_act_int8(x)
     out8 = w4a8_linear(xq, s_a, w)
     ref8 = (xq.float() * s_a[:, None]) @ dequantize_int4(w).T
+    assert rel_err(out8, ref8) < 6e-3, rel_err(out8, ref8)
+    out8 = w4a8_linear(a8_permute(xq), s_a, w, a8_order=True)             # given in the operand's k order
     assert rel_err(out8, ref8) < 6e-3, rel_err(out8, ref8)
 
 

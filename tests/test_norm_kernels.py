@@ -7,6 +7,7 @@ import torch
 from kernels import norms as N
 from kernels.kv_write import kv_cache, write_kv
 from layers.model import rope_tables
+from layers.quant import a8_permute
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BF16 = torch.bfloat16
@@ -115,6 +116,24 @@ def test_qk_norm_rope_writes_kv(fp8):
     assert_kv_write_fused(B=3, n_new=2, HQ=4, HKV=2, D=32, RD=16, fp8=fp8)
 
 
+def test_int8_in_a8_order():
+    """a8_order puts each int8 output's codes in the W4A8 operand order (layers.quant.a8_permute), every code
+    written (sentinels), the same codes and scales otherwise; rows of 5 and 3 blocks of 32 columns."""
+    x, res, w = randn(3, 160, scale=3), randn(3, 160), randn(160, scale=0.3)
+    q = sentinel_int8((3, 160))
+    _, _, q_nat, s_nat = N.add_rmsnorm(x, res, w, 1e-6, quant=True)
+    _, _, q, s = N.add_rmsnorm(x, res, w, 1e-6, quant=True, q=q, a8_order=True)
+    assert torch.equal(q, a8_permute(q_nat)) and torch.equal(s, s_nat)
+    x, z, gw = randn(2, 3, 32), randn(2, 3, 32), randn(32) + 1
+    _, q_nat, _ = N.gated_rmsnorm(x, z, gw, 1e-6, quant=True)
+    _, q, _ = N.gated_rmsnorm(x, z, gw, 1e-6, quant=True, q=sentinel_int8((2, 96)), a8_order=True)
+    assert torch.equal(q, a8_permute(q_nat))
+    gate, up = randn(2, 96, scale=2), randn(2, 96, scale=2)
+    q_nat = N.silu_mul(gate, up, quant=True, write_y=False, block=64)[0]
+    q = N.silu_mul(gate, up, quant=True, write_y=False, block=64, q=sentinel_int8((2, 96)), a8_order=True)[0]
+    assert torch.equal(q, a8_permute(q_nat))
+
+
 @pytest.mark.parametrize("quant, write_y", [(False, True), (True, True), (True, False)])
 def test_silu_mul(quant, write_y):
     T, I = 3, 1000
@@ -145,10 +164,12 @@ def test_gpu_27b_shapes(T):
     h, y, q, s = N.add_rmsnorm(x, res, w, 1e-6, quant=True)
     assert torch.equal(h, N.add_rmsnorm_ref(x, res, w, 1e-6)[0]) and rel(y, N.add_rmsnorm_ref(x, res, w, 1e-6)[1]) < 1e-2
     check_int8(q, s, y)
+    assert torch.equal(N.add_rmsnorm(x, res, w, 1e-6, quant=True, a8_order=True)[2], a8_permute(q))
     x, z, gw = randn(T, 48, 128), randn(T, 48, 128), randn(128) + 1
     y, q, s = N.gated_rmsnorm(x, z, gw, 1e-6, quant=True)
     assert rel(y, N.gated_rmsnorm_ref(x, z, gw, 1e-6)) < 1e-2
     check_int8(q, s, y)
+    assert torch.equal(N.gated_rmsnorm(x, z, gw, 1e-6, quant=True, a8_order=True)[1], a8_permute(q))
     qg, k, qw, kw = randn(T, 24 * 512, scale=2), randn(T, 4 * 256, scale=2), randn(256, scale=0.3), randn(256, scale=0.3)
     cos, sin = rope_tables(torch.arange(1000, 1000 + T, device=DEV), 64, 1e7, BF16)
     got = N.qk_norm_rope(qg, k, qw, kw, cos, sin, 24, 4, 1e-6, sigmoid_gate=True)
@@ -158,6 +179,8 @@ def test_gpu_27b_shapes(T):
     y, q, s = N.silu_mul(gate_up[:, :17408], gate_up[:, 17408:], quant=True)
     assert rel(y, N.silu_mul_ref(gate_up[:, :17408], gate_up[:, 17408:])) < 1e-2
     check_int8(q, s, y)
+    assert torch.equal(N.silu_mul(gate_up[:, :17408], gate_up[:, 17408:], quant=True, a8_order=True)[1],
+                       a8_permute(q))
 
 
 @pytest.mark.gpu
