@@ -68,9 +68,10 @@ activations int8 (half the stage), the weights unpacked as codes − 8 into the 
 layers.quant.a8_permute), each group's products summed exactly in int32 by the tensor cores at twice the bf16 rate
 and added to fp32 accumulators at the group's column scales (_scaled; no overlapped loop), the token scales applied
 at the store. H200, 320 rows, us (bench/results/kernels-h200.md; the activations already in operand order, as
-kernels/norms.py writes them with a8_order / cuBLAS bf16 / W4A16 here): qkvz 66.1 / 73.3 / 76.3, out_proj 33.4 /
-36.0 / 36.0, attn 65.7 / 68.6 / 75.1, gate_up 147.3 / 211.0 / 177.8, down 80.9 / 93.5 / 90.9 (1.04-1.43x cuBLAS;
-another run 1.08-1.48x); w4a8_linear's permuting copy, where x_q comes in natural order, adds 8-18 us. Where its time goes (probes, same shapes): without the scaling
+kernels/norms.py writes them with a8_order / cuBLAS bf16 / W4A16 here): qkvz 65.4 / 73.6 / 75.6, out_proj 33.3 /
+35.8 / 35.9, attn 65.9 / 69.4 / 74.5, gate_up 144.0 / 215.8 / 176.7, down 74.8 / 93.1 / 89.6 (1.05-1.50x cuBLAS;
+gate_up and down, stream-K, with A8_RANGE_STAGES); w4a8_linear's permuting copy, where x_q comes in natural order,
+adds 8-18 us. Where its time goes (probes, same shapes): without the scaling
 (IADD, FADD, FFMA per int32 sum, 240 of the loop's ~354 instructions a thread and group) qkvz took 53.8 against 70;
 without the unpack's and / add / xor, no less. Tried and not kept: the 128-token part as two 64-token mma whose
 sums are scaled while the later ones are still on the tensor cores: qkvz 69.5-70.6 against 65.7, attn 69.7-71.0
@@ -98,6 +99,7 @@ TOKEN_TILES = ((128, 0), (128, 32), (128, 64), (128, 128))    # (BM, BM2) candid
 WHOLE_ONLY = 64                         # BM2 from which a tile is only ever taken whole (see launch)
 TILE_COST = 20                          # tokens: a group's cost to a tile beyond its tokens (unpack, issue)
 STAGES = 4                              # ring stages, fewer where a tile's stages outgrow the shared memory
+A8_RANGE_STAGES = 5                     # W4A8 programs whose ranges cross tiles (see stages_for)
 SMEM = 232448                           # bytes of shared memory a CTA may hold on sm_90
 MAX_SPLITS = 4                          # programs a tile is cut into (the last one sums their pieces in turn)
 STREAM_K_COST = 3000                    # group·tokens (~17 us on the H200): ranges across tiles, see above
@@ -472,9 +474,13 @@ def launch(m: int, n: int, k: int, sms: int, a8: bool = False):
     return best[1] if 2 * best[1][2] >= sms else None
 
 
-def stages_for(bm: int, bm2: int, a8: bool = False) -> int:
-    """Ring stages for a token tile: STAGES, or as many as SMEM holds."""
-    return min(STAGES, (SMEM - 1024) // stage_bytes(bm, bm2, a8))
+def stages_for(bm: int, bm2: int, a8: bool = False, ranges: bool = False) -> int:
+    """Ring stages for a token tile: STAGES, or as many as SMEM holds; W4A8 ranges that cross tiles (not one tile a
+    program) A8_RANGE_STAGES — the deeper ring carries the loader on while the consumers finish a tile (H200, us, 4 /
+    5 / 6 / 7 stages: stream-K at 320 rows gate_up 149.0 / 144.4 / 144.8 / 145.9, down 80.4 / 75.4 / 75.5 / 76.0;
+    at 200 rows gate_up 119.7 / 120.1 / 120.3 / 122.6; one tile a program, qkvz 320 rows 66.0 / 68.3 / 67.3 / 66.7,
+    out_proj 33.7 / 33.7 / 34.2 / 34.1)."""
+    return min(A8_RANGE_STAGES if a8 and ranges else STAGES, (SMEM - 1024) // stage_bytes(bm, bm2, a8))
 
 
 def pick(x: torch.Tensor, w: Int4Weight):
@@ -502,13 +508,13 @@ def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple,
     a8 = x.dtype == torch.int8
     assert a8 == (x_scale is not None), "int8 activations come with their per-token scales"
     bm, bm2, programs = cfg
-    stages = stages or stages_for(bm, bm2, a8)
-    overlap = k % 256 == 0 and stages >= 4 and not a8 if overlap is None else overlap
-    assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
-    assert not overlap or (k % 256 == 0 and not a8), "overlap: groups in pairs, 16-bit activations"
     bn = CONSUMERS.value * WG_COLS.value
     m_tiles = triton.cdiv(m, bm + bm2)
     tiles = triton.cdiv(n, bn) * m_tiles
+    stages = stages or stages_for(bm, bm2, a8, programs != tiles)
+    overlap = k % 256 == 0 and stages >= 4 and not a8 if overlap is None else overlap
+    assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
+    assert not overlap or (k % 256 == 0 and not a8), "overlap: groups in pairs, 16-bit activations"
     assert 0 < programs <= tiles * (k // 128 // (2 if overlap else 1)), "a program without work"
     plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     w_desc = TensorDescriptor.from_tensor(w.qweight.view(-1, 16), [bn, 16], plain)

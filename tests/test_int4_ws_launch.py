@@ -36,6 +36,10 @@ def test_stages_fit_shared_memory():
         stages = ws.stages_for(bm, bm2)
         assert 3 <= stages <= ws.STAGES and stages * ws.stage_bytes(bm, bm2) + 1024 <= ws.SMEM, (bm, bm2, stages)
     assert ws.stages_for(128, 64) == 4          # 3 stages measured 11-13% slower on 192-token tiles
+    for bm, bm2 in ws.TOKEN_TILES[:-1]:         # W4A8: half the activation bytes; a deeper ring for ranges
+        assert ws.stages_for(bm, bm2, a8=True) == ws.STAGES
+        stages = ws.stages_for(bm, bm2, a8=True, ranges=True)
+        assert stages == ws.A8_RANGE_STAGES and stages * ws.stage_bytes(bm, bm2, True) + 1024 <= ws.SMEM
 
 
 @pytest.mark.parametrize("m,n,k,cfg", [
