@@ -126,6 +126,11 @@ def launches():
     for quant in (False, True):
         add_rmsnorm(empty(B * T, H), empty(B * T, H), empty(H), 1e-6, quant=quant)
         gated_rmsnorm(empty(B * T, HV, DK), empty(B * T, HV, DK), empty(DK, dtype=torch.float32), 1e-6, quant=quant)
+        if quant:                                                       # int8 in the W4A8 operand order
+            add_rmsnorm(empty(B * T, H), empty(B * T, H), empty(H), 1e-6, quant=True, a8_order=True)
+            gated_rmsnorm(empty(B * T, HV, DK), empty(B * T, HV, DK), empty(DK, dtype=torch.float32), 1e-6,
+                          quant=True, a8_order=True)
+            silu_mul(empty(B * T, I), empty(B * T, I), quant=True, a8_order=True)
         gated_rmsnorm(empty(B * T, HV, DK), empty(B * T, HV, DK, dtype=torch.int64), empty(DK, dtype=torch.float32),
                       1e-6, quant=quant, clear=empty(B * T, 2 * HV, dtype=torch.int64))
         silu_mul(empty(B * T, I), empty(B * T, I), quant=quant)
