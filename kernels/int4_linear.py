@@ -392,9 +392,8 @@ def w4a8_linear(x_q: torch.Tensor, s_a: torch.Tensor, w: Int4Weight, out: torch.
     assert x_q.dtype == torch.int8 and s_a.dtype == torch.float32 and s_a.is_contiguous()
     if out is None:
         out = torch.empty(*x_q.shape[:-1], w.n, dtype=out_dtype, device=x_q.device)
-    if cfg is None and wgmma_supports(x_q, w):
-        x_k = x_q.reshape(-1, w.k) if a8_order else a8_permute(x_q.reshape(-1, w.k))
-        ws_cfg = ws_pick(x_k, w)
-        if ws_cfg:
-            return int4_wgmma_ws(x_k, w, out, ws_cfg, x_scale=s_a)
+    ws_cfg = ws_pick(x_q, w) if cfg is None and wgmma_supports(x_q, w) else None
+    if ws_cfg:
+        x_k = x_q.reshape(-1, w.k)
+        return int4_wgmma_ws(x_k if a8_order else a8_permute(x_k), w, out, ws_cfg, x_scale=s_a)
     return _launch(a8_permute(x_q, inverse=True) if a8_order else x_q, s_a, w, out, cfg)

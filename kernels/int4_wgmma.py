@@ -124,7 +124,7 @@ def _a_operand_i8(w_stage, BN: gl.constexpr, words_layout: gl.constexpr, a_op: g
     """A ring stage's words [BN, 16] → the int8 A operand [BN, 128] of codes − 8, in the operand's k order (the
     activations come permuted to match: layers.quant.a8_k). Of word 4t + w, the bytes of (word >> 4r) & 0x0F0F0F0F
     are the fragment's register r of chunk w (k' = 32w + 16r + 4t + q): one and, add and xor make four codes
-    signed, (q + 120) ^ 128 = q − 8 in each byte (no carries). Returns the operand and its 16 registers (_hold)."""
+    signed, (q + 120) ^ 128 = q − 8 in each byte (no carries)."""
     NB: gl.constexpr = BN // 16
     words = w_stage.reshape([NB, 2, 8, 4, 4]).load(words_layout).to(gl.uint32, bitcast=True)
     lo = ((words & 0x0F0F0F0F) + 0x78787878) ^ 0x80808080
@@ -133,7 +133,7 @@ def _a_operand_i8(w_stage, BN: gl.constexpr, words_layout: gl.constexpr, a_op: g
     q = gl.join(gl.join(r.to(gl.int8), (r >> 8).to(gl.int8)),
                 gl.join((r >> 16).to(gl.int8), (r >> 24).to(gl.int8)))           # [b, h, l, t, w, r, q0, q1]
     q = gl.permute(q, [0, 1, 2, 4, 5, 3, 7, 6])                                     # [b, h, l, w, r, t, q1, q0]
-    return gl.convert_layout(gl.reshape(q, [BN, 128]), a_op, assert_trivial=True), r
+    return gl.convert_layout(gl.reshape(q, [BN, 128]), a_op, assert_trivial=True)
 
 
 @gluon.jit

@@ -71,9 +71,9 @@ at the store. H200, 320 rows, us (bench/results/kernels-h200.md; the activations
 kernels/norms.py writes them with a8_order / cuBLAS bf16 / W4A16 here): qkvz 65.4 / 73.6 / 75.6, out_proj 33.3 /
 35.8 / 35.9, attn 65.9 / 69.4 / 74.5, gate_up 144.0 / 215.8 / 176.7, down 74.8 / 93.1 / 89.6 (1.05-1.50x cuBLAS;
 gate_up and down, stream-K, with A8_RANGE_STAGES); w4a8_linear's permuting copy, where x_q comes in natural order,
-adds 8-18 us. Where its time goes (probes, same shapes): without the scaling
-(IADD, FADD, FFMA per int32 sum, 240 of the loop's ~354 instructions a thread and group) qkvz took 53.8 against 70;
-without the unpack's and / add / xor, no less. Tried and not kept: the 128-token part as two 64-token mma whose
+adds 8-18 us. Where its time goes (probes, same shapes): without the scaling (IADD, FADD, FFMA per int32 sum, 240
+of the loop's ~354 instructions a thread and group) qkvz took 53.8 against 70; without the unpack's and / add /
+xor, no less. Tried and not kept: the 128-token part as two 64-token mma whose
 sums are scaled while the later ones are still on the tensor cores: qkvz 69.5-70.6 against 65.7, attn 69.7-71.0
 against 66.6 — ptxas hoists the second wait above the first part's scaling (SASS: DEPBAR.LE 2 and 1 adjacent) even
 with the scaled sums passed through that wait, and 64-token mma are less efficient.
@@ -164,7 +164,7 @@ def _group_a8(i, c: gl.constexpr, rings, full, acc, acc2, a_op: gl.constexpr, a_
     mbarrier.wait(full.index(s), (i // STAGES) & 1)
     w_stage = words_ring.index(s)._reinterpret(gl.int32, [CONSUMERS, WG_COLS, 16], flat).index(c)
     s_stage = scales_ring.index(s)._reinterpret(scales_ring.dtype, [CONSUMERS, 1, WG_COLS], flat).index(c)
-    a, _ = _a_operand_i8(w_stage, WG_COLS, words, a_op)
+    a = _a_operand_i8(w_stage, WG_COLS, words, a_op)
     scale = s_stage.reshape([WG_COLS]).load(gl.SliceLayout(1, mma)).to(gl.float32)
     sums = warpgroup_mma(a, acts_ring.index(s).permute((1, 0)), gl.zeros([WG_COLS, BM], gl.int32, mma),
                          use_acc=False, is_async=True)
