@@ -19,13 +19,13 @@ def int4_case(m, n, k, xdt, sdt, seed):
 
 def check_graph_replay(run, x, out, reference, tol=6e-3):
     """run() writes out from x: once to warm up (compiles, sizes the workspace), then captured in a CUDA graph and
-    replayed twice on fresh x into a poisoned out, each checked against reference(x)."""
+    replayed twice on fresh x (int8 x: fresh codes) into a poisoned out, each checked against reference(x)."""
     run()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
     for _ in range(2):
-        x.copy_(torch.randn_like(x))
+        x.copy_(torch.randint_like(x, -127, 128) if x.dtype == torch.int8 else torch.randn_like(x))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()

@@ -5,7 +5,7 @@ tests/test_kernels_compile.py, and int4_linear's interpreter tests cover the sam
 import pytest
 import torch
 
-from kernels.int4_linear import int4_linear
+from kernels.int4_linear import int4_linear, w4a8_linear
 from kernels.int4_wgmma import MIN_ROWS, int4_wgmma, pick, supports
 from kernels.int4_wgmma_ws import PIECES, int4_wgmma_ws, pick as ws_pick
 from kernels.splitk import workspace
@@ -143,3 +143,18 @@ def test_int4_wgmma_ws_graph_replay(m, n, k, kind):
     tiles = -(-n // 128) * -(-m // (bm + bm2))
     assert kind == ("tiles" if programs == tiles else "pieces" if programs % tiles == 0 else "stream-K")
     check_graph_replay(lambda: int4_linear(x, w, out=out), x, out, lambda x: rounded_ref(x, w))
+
+
+@pytest.mark.parametrize("m,n,k,a8_order", [(320, 5120, 17408, True), (200, 14336, 5120, False)])
+def test_w4a8_ws_graph_replay(m, n, k, a8_order):
+    """W4A8 through w4a8_linear in a CUDA graph: stream-K (down at 320 rows) on activations in the operand order,
+    and whole tiles (attn at 200) behind the wrapper's permuting copy; the codes change between replays."""
+    xq = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
+    s_a = torch.rand(m, device="cuda") * 0.01
+    w = quantize_int4(torch.randn(n, k, device="cuda"))
+    out = torch.empty(m, n, dtype=torch.float32, device="cuda")
+    assert ws_pick(xq, w) is not None
+    x = a8_permute(xq) if a8_order else xq
+    natural = (lambda x: a8_permute(x, inverse=True)) if a8_order else (lambda x: x)
+    check_graph_replay(lambda: w4a8_linear(x, s_a, w, out=out, a8_order=a8_order), x, out,
+                       lambda x: (natural(x).float() * s_a[:, None]) @ dequantize_int4(w).T, tol=1e-5)
