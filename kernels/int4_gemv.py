@@ -79,6 +79,12 @@ in fp32 within a tile segment and converted once (order-dependent bits: timing o
 / 11.78, out_proj 6.76 / 6.86, down 13.23 / 13.70 (qkvz at 8 CTAs per SM 12.33 / 13.07); the posted atomics left
 out (wrong sums) 13.22 / 13.55, 11.15 / 11.75, 6.36 / 6.88; an exact middle way, fp32 sums of aligned pairs of
 groups converted once (ranges cut on pairs, two groups an iteration), slower: 14.1, 11.4, 8.1, 14.2.
+Session 27 made the fp32 segments width-invariant — one cut of the work for every row count (1,056 ranges on the
+H200: at 1-8 rows a range a program, 8 CTAs per SM, 118-122 registers; at 9-16 two consecutive ranges a program, 4
+warps, 4 per SM) — correct (3e-6 from the reference) and bitwise the same at every width, but no faster overall (H200,
+into sums, us against this kernel in the same run): M = 5 qkvz 12.36 / 13.37, attn 11.45 / 11.82, gate_up 24.43 /
+24.88, down 13.82 / 13.62, out_proj 7.39 / 6.92; M = 16 (another run) qkvz 19.8 / 18.4, down 20.9 / 19.2, out_proj
+11.2 / 9.0; with 792 ranges instead (6 a SM), M = 1 at 6 CTAs per SM: qkvz 15.4 against 11.8.
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
