@@ -1,7 +1,7 @@
 """The GPU a launch runs on, as the kernels' launch defaults see it. On the CPU (Triton's interpreter) it answers
 as a small sm_90 part, so the interpreter runs the Hopper defaults on few programs; tests/aot_compile.py answers
-for other targets by replacing these two functions. INTERPRET: kernels run in Triton's interpreter (tests/conftest.py
-sets it on the CPU), where some take exact fp32 paths (ENGINE.md §7).
+for other targets by replacing num_sms, capability and smem_per_sm. INTERPRET: kernels run in Triton's
+interpreter (tests/conftest.py sets it on the CPU), where some take exact fp32 paths (ENGINE.md §7).
 
 Programmatic dependent launch (sm_90+, `pdl`): a kernel launched with launch_pdl=True may start while the previous
 kernel of the stream finishes, so its launch and its loads of data no kernel of the step writes (weights, caches

@@ -38,7 +38,8 @@ from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.sampler import SamplingTensors, rejection_sample, sample
 from layers.quant import Int4Weight, Int8Weight
 
-TARGETS = {86: dict(sms=82, smem=99 * 1024), 90: dict(sms=132, smem=227 * 1024)}
+# per target: SMs, shared memory a CTA may hold, and an SM's (the launch tables' residency: kernels/device.smem_per_sm)
+TARGETS = {86: dict(sms=82, smem=99 * 1024, smem_sm=100 * 1024), 90: dict(sms=132, smem=227 * 1024, smem_sm=228 * 1024)}
 POINTER = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
            torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8", torch.bool: "*i1",
            torch.float8_e4m3fn: "*fp8e4nv"}
@@ -212,14 +213,15 @@ def recording(arch):
     """Kernel launches are recorded, not run; the wrappers see a GPU of this architecture."""
     recorded, run = [], JITFunction.run
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: recorded.append((self, args, kwargs))
-    saved = (gpu.num_sms, gpu.capability)
+    saved = (gpu.num_sms, gpu.capability, gpu.smem_per_sm)
     gpu.num_sms = lambda _: TARGETS[arch]["sms"]
     gpu.capability = lambda _: divmod(arch, 10)
+    gpu.smem_per_sm = lambda _: TARGETS[arch]["smem_sm"]
     try:
         yield recorded
     finally:
         JITFunction.run = run
-        gpu.num_sms, gpu.capability = saved
+        gpu.num_sms, gpu.capability, gpu.smem_per_sm = saved
 
 
 def main():
