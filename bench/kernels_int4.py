@@ -1,5 +1,5 @@
 """Int4-weight linears at the Qwen3.8-27B shapes, with their peers timed in the same run: ours (W4A16 — the Gluon
-GEMV for ≤ 16 rows, beyond it the Gluon wgmma GEMMs on sm_90 (config `ws`: the warp-specialised one; else the
+GEMV for ≤ 24 rows, beyond it the Gluon wgmma GEMMs on sm_90 (config `ws`: the warp-specialised one; else the
 Triton kernel), and the Triton kernel beside them as `[triton]`; W4A8 from int8 activations — w4a8_linear, and
 from 65 rows on sm_90 its warp-specialised kernel alone (`w4a8 ws, operand order`: the activations in the operand's
 k order, as kernels/norms.py writes them with a8_order, without the wrapper's permuting copy)), cuBLAS bf16
@@ -110,7 +110,7 @@ def run(peak_Bps: float) -> list:
                 config = _cfg_str(pick_config(m, n, k, dev))
             rows.append(row("int4_linear W4A16", f"{shape} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k, peak_Bps,
                             peer="ours", config=config, **extra))
-        for m in GEMV_M + (8, 16):  # its consumer converts and clears the sums (8 bytes each, not 2)
+        for m in GEMV_M + (8, 16, 20):  # its consumer converts and clears the sums (8 bytes each, not 2)
             us = time_ours(m, n, k, sums=True)
             rows.append(row("int4_gemv W4A16 -> int64 sums", f"{shape} M={m}", us, int4_bytes(m, n, k) + 6 * m * n,
                             2 * m * n * k, peak_Bps, peer="ours", config=_gemv_str(gemv.pick(m, n, k, dev, sums=True))))

@@ -12,7 +12,7 @@ consumer costs more there than alone.
 `python -m bench.layer_step [--batch 1,8,64] [--tokens 5] [--ctx 16384] [--layers 8]` writes
 bench/results/layer-step-<gpu>.json and .md. Fused as the model will take them: the GDN layer's in_proj_qkvz and
 in_proj_ba as one linear (layers.quant.concat_outputs), the KV write in qk_norm_rope, the attention output gate in
-the attention kernel's store; up to 16 rows the linears leave int64 sums for their consumers to convert
+the attention kernel's store; up to 24 rows the linears leave int64 sums for their consumers to convert
 (kernels/fixed_sum.py; `chained, outputs stored`: the same chain without)."""
 import argparse
 import itertools
@@ -52,7 +52,7 @@ class Dims:                      # Qwen3.8-27B
 
 class Layer:
     """Weights, caches and every buffer of one layer, allocated once; `kernels()` lists its launches in order.
-    deferred: up to 16 rows (the GEMV's) every linear leaves int64 sums for its consumers to convert
+    deferred: up to 24 rows (the GEMV's) every linear leaves int64 sums for its consumers to convert
     (kernels/fixed_sum.py): in_proj (conv1d, gdn_verify, gated_rmsnorm, which also clears b and a), out_proj /
     o_proj and down (add_rmsnorm), gate_up (silu_mul), qkv_gate (qk_norm_rope)."""
 

@@ -1,22 +1,22 @@
-"""Int4-weight GEMV for decode and verify (M ≤ 16 rows) on tensor cores: out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the
+"""Int4-weight GEMV for decode and verify (M ≤ 24 rows) on tensor cores: out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the
 mma layout (layers/quant.py).
 
-Why a second int4 kernel: at M ≤ 16 the step is a pure weight stream, and the Triton kernel (int4_linear.py)
+Why a second int4 kernel: at M ≤ 24 the step is a pure weight stream, and the Triton kernel (int4_linear.py)
 stages every tile through shared memory with ldmatrix-style reads, the padded activation tile read once per warp
 and several barriers per group: on the H200 L1/shared ran at ~70% while DRAM ran at ~30%. Here:
 * The weights are the mma's A operand (rows = output columns, m16n8k16) and the activations its B operand
-  (columns = tokens, n8 or n16), so M ≤ 8 wastes no mma width. A group's words (BN columns · 64 contiguous
-  bytes) and activations [BT, 128] are copied as they lie (cp.async, 16 bytes per copy) into a ring of
-  shared-memory stages; each thread reads back exactly the words its A fragment needs, 16 bytes at once (the mma
-  layout is that fragment's order; the GEMM paths read the same weights), and ldmatrix reads the activations
-  as the B fragment (k in natural order, so no permutation anywhere).
+  (columns = tokens, n8 or n16; at 17-24 rows an n16 and an n8 tile on the same A registers), so M ≤ 8 wastes no
+  mma width. A group's words (BN columns · 64 contiguous bytes) and activations [BT, 128] are copied as they lie
+  (cp.async, 16 bytes per copy) into a ring of shared-memory stages; each thread reads back exactly the words its
+  A fragment needs, 16 bytes at once (the mma layout is that fragment's order; the GEMM paths read the same
+  weights), and ldmatrix reads the activations as the B fragment (k in natural order, so no permutation anywhere).
 * Word → bf16/fp16 pairs with t = (word >> 4p) & 0x000F000F | MAGIC (codes p and p+4 as 128 + q or 1024 + q: the
   fragment's k pair 2t, 2t+1 of the chunk's 8-wide slice p).
 * Exact codes in the mma (offset by 128, the offset removed through a ones-operand mma of x: one subtract per
   pair of weights less), the group's partial sum scaled once per group in fp32 (like int4_linear's GEMV form) and
   added across groups in int64 fixed point (FRAC): order-independent, so a token's output does not depend on how
-  K is cut into ranges — the same bits whatever the row bucket's launch (decoded alone, or among up to 16 rows of
-  a verify step).
+  K is cut into ranges — the same bits whatever the row bucket's launch (decoded alone, or among up to 24 rows of
+  a verify step: 4 sequences verifying 4 drafts each).
 * The next groups' words, scales and activations are in flight in the ring (no registers hold them: 8 CTAs of 2
   warps fit an SM's registers; with the words prefetched into registers the kernel measured 0.60 instead of 0.63
   of the copy bandwidth at M = 1). The scales loaded into registers one group ahead instead were 3-5% slower at
@@ -102,7 +102,7 @@ from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 from kernels.splitk import workspace
 from layers.quant import Int4Weight
 
-MAX_ROWS = 16
+MAX_ROWS = 24
 # Sums in fixed point (kernels/fixed_sum.FRAC): each group's fp32 partial times 2^FRAC, added in int64 — exact for
 # partials of magnitude ≥ 2^-9 (smaller ones lose what lies below 2^-32), and the same whatever order they are added
 # in; a tile shared by programs must stay below 2^24 in magnitude (the arrival count sits above it, in the top bits
@@ -119,9 +119,15 @@ def exact_log2(v: int) -> int:
     return v.bit_length() - 1
 
 
-def token_tile(m: int) -> int:
-    """The mma's token width (its n side) for m rows."""
-    return 8 if m <= 8 else 16
+def token_tile(m: int) -> tuple:
+    """The mma's token widths (its n side) for m rows: (BT, BT2), a second tile of BT2 tokens after the first."""
+    return (8, 0) if m <= 8 else (16, 0) if m <= 16 else (16, 8)
+
+
+def x_rows(m: int) -> int:
+    """Activation rows in a ring stage for m rows: the token tiles rounded up to a power of 2."""
+    bt, bt2 = token_tile(m)
+    return 2 * bt if bt2 else bt
 
 
 def layouts(bn: int, warps: int):
@@ -217,18 +223,46 @@ def _copy_unit(w_stage, s_stage, x_stage, c_ptrs, cr, ct, cb, s_ptrs, sp, x_ptrs
 
 
 @gluon.jit
-def _group_product(q, x_stage, s, acc, BN: gl.constexpr, BT: gl.constexpr, DT: gl.constexpr, BASE: gl.constexpr,
-                   mma: gl.constexpr, a_op: gl.constexpr, b_op: gl.constexpr):
-    """acc [BN, BT] (int64 fixed point) += one group, scaled per row in fp32:
-    Σ (code − 8)·x = Σ (BASE + code − 8)·x − BASE·Σx, the codes entering the mma as BASE + q and Σx coming from a
-    ones operand (a subtract per pair of weights saved)."""
+def _tokens(x_chunk, t0: gl.constexpr, BT: gl.constexpr, b_op: gl.constexpr):
+    """Tokens t0 … t0 + BT - 1 of an activation chunk [tokens, 32] as the B operand [32, BT] (ldmatrix)."""
+    return x_chunk.slice(t0, BT, dim=0).permute((1, 0)).load(b_op)
+
+
+@gluon.jit
+def _scaled_sum(acc, part, xsum, scale, BASE: gl.constexpr):
+    """acc + (part − BASE·Σx)·scale in int64 fixed point; scale = s·2^FRAC (exact: the same bits as scaling by s,
+    then by 2^FRAC)."""
+    return acc + ((part - BASE * xsum) * scale).to(gl.int64)
+
+
+@gluon.jit
+def _group_product(q, x_stage, s, acc, acc2, BN: gl.constexpr, BT: gl.constexpr, BT2: gl.constexpr,
+                   DT: gl.constexpr, BASE: gl.constexpr, mma: gl.constexpr, a_op: gl.constexpr, b_op: gl.constexpr):
+    """acc [BN, BT] and acc2 [BN, BT2] (tokens BT …, where BT2 > 0) in int64 fixed point += one group, scaled per
+    row in fp32: Σ (code − 8)·x = Σ (BASE + code − 8)·x − BASE·Σx, the codes entering the mma as BASE + q and Σx
+    coming from a ones operand (a subtract per pair of weights saved; the compiler issues its mma once per warp).
+    Each token's sums are the same whichever tile holds it."""
     part = gl.zeros([BN, BT], gl.float32, mma)
     xsum = gl.zeros([BN, BT], gl.float32, mma)
+    ones = gl.full([BN, 32], 1.0, DT, a_op)
+    if BT2 > 0:
+        part2 = gl.zeros([BN, BT2], gl.float32, mma)
+        xsum2 = gl.zeros([BN, BT2], gl.float32, mma)
     for b in gl.static_range(4):
-        xb = x_stage.slice(32 * b, 32, dim=1).permute((1, 0)).load(b_op)        # [32, BT]: ldmatrix
-        part = mma_v2(_chunk_weights(q, b, BN, DT, a_op), xb, part)
-        xsum = mma_v2(gl.full([BN, 32], 1.0, DT, a_op), xb, xsum)
-    return acc + (((part - BASE * xsum) * gl.expand_dims(s.to(gl.float32), 1)) * ONE).to(gl.int64)
+        chunk = x_stage.slice(32 * b, 32, dim=1)
+        codes = _chunk_weights(q, b, BN, DT, a_op)
+        xb = _tokens(chunk, 0, BT, b_op)
+        part = mma_v2(codes, xb, part)
+        xsum = mma_v2(ones, xb, xsum)
+        if BT2 > 0:
+            xb2 = _tokens(chunk, BT, BT2, b_op)
+            part2 = mma_v2(codes, xb2, part2)
+            xsum2 = mma_v2(ones, xb2, xsum2)
+    scale = gl.expand_dims(s.to(gl.float32) * ONE, 1)
+    acc = _scaled_sum(acc, part, xsum, scale, BASE)
+    if BT2 > 0:
+        acc2 = _scaled_sum(acc2, part2, xsum2, scale, BASE)
+    return acc, acc2
 
 
 @gluon.jit
@@ -241,10 +275,12 @@ def _to_out(v, out_ptr):
 
 
 @gluon.jit
-def _tile_ptrs(tile, out_ptr, M, N, stride_om, BN: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
-    """A column tile's [BN, BT] elements (mma layout): (in-bounds mask, output pointers, columns, tokens)."""
+def _tile_ptrs(tile, out_ptr, M, N, stride_om, BN: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr,
+               T0: gl.constexpr = 0):
+    """A column tile's [BN, BT] elements of tokens T0 … (mma layout): (in-bounds mask, output pointers, columns,
+    tokens)."""
     cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    tok = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+    tok = T0 + gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
     mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0)
     return mask, out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1), cols, tok
 
@@ -299,14 +335,14 @@ def _programs_of(tile, n_groups, P, units):
 
 @gluon.jit
 def flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om, BN: gl.constexpr,
-                 BT: gl.constexpr, mma: gl.constexpr):
+                 BT: gl.constexpr, mma: gl.constexpr, T0: gl.constexpr = 0):
     """As flush_tile for an int64 fixed-point acc, without its counter: a tile no other program shares is stored;
     else acc is added into the workspace with an arrival mark (2^COUNT) per program, and the add that brings an
     element's count to the tile's number of programs returns its total: that thread stores it and zeroes the
     element for the next launch. No fence, barrier or counter round trips (flush_tile's cost 2-3 µs per launch
     at 1-8 rows on the H200); but every add returns a value: at 16 rows flush_tile is faster."""
-    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma)
     programs = _programs_of(tile, n_groups, P, units)
+    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma, T0)
     if programs == 1:
         gl.store(out, _to_out(acc, out_ptr), mask=mask)
     else:
@@ -321,11 +357,11 @@ def flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om
 
 @gluon.jit
 def post_tile(acc, tile, n_groups, P, units, out_ptr, M, N, stride_om, BN: gl.constexpr, BT: gl.constexpr,
-              mma: gl.constexpr):
+              mma: gl.constexpr, T0: gl.constexpr = 0):
     """The int64 fixed-point output (zero on entry; its consumer converts and zeroes it: kernels/fixed_sum.py): a
     tile no other program shares is stored, else acc is added by posted atomics — nothing returns, so no program
     waits at the end for a round trip to L2 (flush_marked's cost)."""
-    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma)
+    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma, T0)
     if _programs_of(tile, n_groups, P, units) == 1:
         gl.store(out, acc, mask=mask)
     else:
@@ -336,7 +372,7 @@ def post_tile(acc, tile, n_groups, P, units, out_ptr, M, N, stride_om, BN: gl.co
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_om,
                       w_layout: gl.constexpr, c_layout: gl.constexpr, ring_layout: gl.constexpr,
                       x_copy: gl.constexpr, x_ring_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
-                      W: gl.constexpr, STAGES: gl.constexpr, SP: gl.constexpr, MARKS: gl.constexpr,
+                      BT2: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr, SP: gl.constexpr, MARKS: gl.constexpr,
                       EVEN_N: gl.constexpr, PDL: gl.constexpr):
     # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/128, N, 16], s [K/128, N], out [M, N] (any float dtype,
     # or int64 fixed-point sums, zero on entry: post_tile); ws fp32 [2·M·N] (used as int64 [M, N]) and cnt int32
@@ -359,7 +395,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     ct = _arange3(4, 1, c_layout)
     cb = _arange3(4, 2, c_layout)
     c_ptrs = qw_ptr + cr * 16 + 4 * ct + cb
-    xt = gl.arange(0, BT, layout=gl.SliceLayout(1, x_copy))
+    XT: gl.constexpr = 2 * BT if BT2 > 0 else BT                   # the activations' rows in a ring stage
+    xt = gl.arange(0, XT, layout=gl.SliceLayout(1, x_copy))
     xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_copy))
     x_ok = gl.expand_dims(xt < M, 1) & gl.expand_dims(xk < 128, 0)
     x_ptrs = x_ptr + gl.expand_dims(xt, 1).to(gl.int64) * stride_xm + gl.expand_dims(xk, 0)
@@ -375,7 +412,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])   # of one stage
     s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, 2 * SP], flat)
     s_ring32 = s_ring._reinterpret(gl.int32, [STAGES, SP], flat)
-    x_ring = gl.allocate_shared_memory(DT, [STAGES, BT, 128], x_ring_layout)
+    x_ring = gl.allocate_shared_memory(DT, [STAGES, XT, 128], x_ring_layout)
     if PDL:
         # Programmatic dependent launch (sm_90): let the next kernel's CTAs start as ours retire; the weights
         # (constants) stream while the previous kernel finishes, which may write x: wait before reading it.
@@ -390,6 +427,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
                    gl.minimum(u_lo + j, u_hi - 1), n_groups, N, BN, EVEN_N, False, True)
         async_copy.commit_group()
     acc = gl.zeros([BN, BT], gl.int64, mma)
+    A2: gl.constexpr = BT2 if BT2 > 0 else 8
+    acc2 = gl.zeros([BN, A2], gl.int64, mma)                        # tokens BT …, where BT2 > 0
     for u in range(u_lo, u_hi):
         i = u - u_lo
         async_copy.wait_group(STAGES - 2)          # this thread's copies of unit u have landed
@@ -400,18 +439,25 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
         async_copy.commit_group()
         q = ring.index(i % STAGES).load(w_layout)
         s = s_ring.index(i % STAGES).slice(0, BN).load(gl.SliceLayout(1, mma))
-        acc = _group_product(q, x_ring.index(i % STAGES), s, acc, BN, BT, DT, BASE, mma, a_op, b_op)
+        acc, acc2 = _group_product(q, x_ring.index(i % STAGES), s, acc, acc2, BN, BT, BT2, DT, BASE, mma, a_op,
+                                   b_op)
         if (u + 1 == u_hi) | ((u + 1) % n_groups == 0):            # the tile's last group, or the range's
             tile = u // n_groups
+            P = gl.num_programs(0)
             if out_ptr.dtype.element_ty == gl.int64:
-                post_tile(acc, tile, n_groups, gl.num_programs(0), units, out_ptr, M, N, stride_om, BN, BT, mma)
+                post_tile(acc, tile, n_groups, P, units, out_ptr, M, N, stride_om, BN, BT, mma)
+                if BT2 > 0:
+                    post_tile(acc2, tile, n_groups, P, units, out_ptr, M, N, stride_om, BN, BT2, mma, BT)
             elif MARKS:
-                flush_marked(acc, tile, n_groups, gl.num_programs(0), units, out_ptr, ws_ptr, M, N, stride_om, BN, BT,
-                             mma)
-            else:
+                flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om, BN, BT, mma)
+                if BT2 > 0:
+                    flush_marked(acc2, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om, BN, BT2, mma, BT)
+            else:       # (a second token tile takes flush_marked: this counter counts one flush a program)
                 flush_tile(acc, tile, u + 1 - gl.maximum(u_lo, tile * n_groups), n_groups, out_ptr, ws_ptr, cnt_ptr,
                            M, N, stride_om, BN, BT, mma)
             acc = gl.zeros([BN, BT], gl.int64, mma)
+            if BT2 > 0:
+                acc2 = gl.zeros([BN, A2], gl.int64, mma)
     async_copy.wait_group(0)
 
 
@@ -440,14 +486,21 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # slots / programs per SM / stages against the table's 8/8/2 at M = 1 and 6/6/2 at M = 5): M = 1 qkvz 8/4/2 13.17,
 # 8/7/2 12.82, 6/4/2 13.20 against 11.55, out_proj 6.12 / 6.42 / 6.37 against 5.95; M = 5 qkvz 8/4/2 13.97, 8/6/2
 # 16.07, 6/4/2 17.28, 6/3/3 15.98 against 13.56, out_proj 6.84 (within noise) / 8.02 / 8.21 / 7.60 against 6.97
-# (attn and down alike).
+# (attn and down alike). M = 17-24 (session 27; 4 sequences verifying 4 drafts each, which the wgmma kernel took
+# before, its output not the GEMV's bits): an n16 and an n8 token tile on 4 warps, 2 CTAs per SM (206-218 registers,
+# no spills), into sums, H200, us at M = 20 against int4_wgmma in the same run: qkvz 25.2 / 29.0, out_proj 11.4 /
+# 15.4, attn 21.9 / 28.8, gate_up 48.0 / 48.5, down 25.6 / 34.0 (17 and 24 rows alike; stored bf16 through
+# flush_marked 30.0 / 15.4 / 26.8 / 53.4 / 30.1); 3 CTAs per SM (170 registers, spills) 46-50% slower, 8 warps at
+# 1-2 per SM, 64 columns at 4 per SM or 256 at 1 12-41% slower; one 32-token tile (a dead n8 tile at 20 rows) qkvz
+# 29.6, gate_up 58.2 at M = 20.
 ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True)),
                (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
-               (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, sums_ctas_per_sm=3, marks=False)))
+               (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, sums_ctas_per_sm=3, marks=False)),
+               (24, dict(block_n=128, warps=4, stages=2, ctas_per_sm=2, marks=True)))
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
-    """Whether this kernel takes the call: CUDA sm_80+, ≤ 16 rows, symmetric weights, group 128."""
+    """Whether this kernel takes the call: CUDA sm_80+, ≤ MAX_ROWS rows, symmetric weights, group 128."""
     return (x.is_cuda and gpu.capability(x.device) >= (8, 0) and x.numel() // x.shape[-1] <= MAX_ROWS
             and w.zs is None and w.group == 128 and x.dtype in (torch.bfloat16, torch.float16)
             and x.stride(-1) == 1)
@@ -460,8 +513,7 @@ def pick(m: int, n: int, k: int, device, sums: bool = False, **override) -> dict
     sums_ctas = p.pop("sums_ctas_per_sm", p["ctas_per_sm"])
     p["ctas_per_sm"] = sums_ctas if sums else p["ctas_per_sm"]
     p.update(override)
-    bt = token_tile(m)
-    stage = p["block_n"] * 66 + bt * 256                               # words, scales, activations
+    stage = p["block_n"] * 66 + x_rows(m) * 256                        # words, scales, activations
     ring_bytes = p["stages"] * stage + 1024                           # + the 1 KiB the GPU reserves per CTA
     p["ctas_per_sm"] = min(p["ctas_per_sm"], gpu.smem_per_sm(device) // ring_bytes)
     tiles = triton.cdiv(n, p["block_n"])
@@ -471,7 +523,7 @@ def pick(m: int, n: int, k: int, device, sums: bool = False, **override) -> dict
 
 def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = None, warps: int = None,
               programs: int = None, stages: int = None, ctas_per_sm: int = None, marks: bool = None) -> torch.Tensor:
-    """x [..., K] (≤ 16 rows, bf16/fp16) → out [..., N] (any float dtype; or, from bf16 x, int64 zeros that
+    """x [..., K] (≤ MAX_ROWS rows, bf16/fp16) → out [..., N] (any float dtype; or, from bf16 x, int64 zeros that
     receive the fixed-point sums for a consumer to convert: kernels/fixed_sum.py); launch parameters default to
     pick() (marks: flush_marked, else flush_tile; neither for int64 sums)."""
     k, n = w.k, w.n
@@ -484,14 +536,15 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
                                        ctas_per_sm=ctas_per_sm, marks=marks).items() if v is not None}
     p = pick(m, n, k, x.device, deferred(out), **given)
     pdl = gpu.pdl(x.device)
-    bt = token_tile(m)
+    bt, bt2 = token_tile(m)
+    assert not bt2 or p["marks"] or deferred(out), "a second token tile needs flush_marked or int64 sums"
     assert -(-p["programs"] // triton.cdiv(n, p["block_n"])) < MAX_SHARING, "too many programs per column tile"
     ws, cnt = workspace(x.device, 2 * m * n, triton.cdiv(n, p["block_n"]))      # int64 [M, N]
     w_layout = layouts(p["block_n"], p["warps"])
     c_layout, ring_layout, x_copy, x_ring_layout = ring_layouts(p["warps"])
     _int4_gemv_kernel[(p["programs"],)](
         x2, w.qweight, w.scales, out2, ws, cnt, m, n, k, x2.stride(0), out2.stride(0),
-        w_layout, c_layout, ring_layout, x_copy, x_ring_layout, p["block_n"], bt, p["warps"], p["stages"],
+        w_layout, c_layout, ring_layout, x_copy, x_ring_layout, p["block_n"], bt, bt2, p["warps"], p["stages"],
         p["block_n"] // 2, p["marks"], n % p["block_n"] == 0, pdl,
         num_warps=p["warps"], launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * p["warps"] * 32))
     return out

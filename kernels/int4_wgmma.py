@@ -1,4 +1,4 @@
-"""Int4-weight GEMM on Hopper's warpgroup tensor cores (wgmma) for verify and batch steps (17+ rows):
+"""Int4-weight GEMM on Hopper's warpgroup tensor cores (wgmma) for verify and batch steps (25+ rows):
 out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the mma int4 layout (layers/quant.py), x bf16/fp16. From 65 rows int4_linear
 hands most calls to its warp-specialised form, kernels/int4_wgmma_ws.py (which reuses the unpacking below).
 
@@ -51,11 +51,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 from kernels import device as gpu
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
-from kernels.int4_gemv import exact_log2, flush_tile
+from kernels.int4_gemv import MAX_ROWS, exact_log2, flush_tile
 from kernels.splitk import split_count, split_share, workspace
 from layers.quant import Int4Weight
 
-MIN_ROWS = 17                   # up to 16 rows kernels/int4_gemv.py streams the weights faster
+MIN_ROWS = MAX_ROWS + 1         # up to MAX_ROWS rows kernels/int4_gemv.py streams the weights faster
 
 
 def layouts(bn: int, bm: int, warps: int, bits: int = 16):
