@@ -492,7 +492,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # 15.4, attn 21.9 / 28.8, gate_up 48.0 / 48.5, down 25.6 / 34.0 (17 and 24 rows alike; stored bf16 through
 # flush_marked 30.0 / 15.4 / 26.8 / 53.4 / 30.1); 3 CTAs per SM (170 registers, spills) 46-50% slower, 8 warps at
 # 1-2 per SM, 64 columns at 4 per SM or 256 at 1 12-41% slower; one 32-token tile (a dead n8 tile at 20 rows) qkvz
-# 29.6, gate_up 58.2 at M = 20.
+# 29.6, gate_up 58.2 at M = 20. In bench/layer_step at B 4 T 5 (same run, us, against the wgmma GEMM at 20 rows):
+# GDN layer 142.9 / 155.3, attention layer at 16k 171.3 / 185.9.
 ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True)),
                (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
                (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, sums_ctas_per_sm=3, marks=False)),
