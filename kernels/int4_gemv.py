@@ -341,8 +341,8 @@ def flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om
     element's count to the tile's number of programs returns its total: that thread stores it and zeroes the
     element for the next launch. No fence, barrier or counter round trips (flush_tile's cost 2-3 µs per launch
     at 1-8 rows on the H200); but every add returns a value: at 16 rows flush_tile is faster."""
-    programs = _programs_of(tile, n_groups, P, units)
     mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma, T0)
+    programs = _programs_of(tile, n_groups, P, units)
     if programs == 1:
         gl.store(out, _to_out(acc, out_ptr), mask=mask)
     else:
@@ -395,7 +395,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     ct = _arange3(4, 1, c_layout)
     cb = _arange3(4, 2, c_layout)
     c_ptrs = qw_ptr + cr * 16 + 4 * ct + cb
-    XT: gl.constexpr = 2 * BT if BT2 > 0 else BT                   # the activations' rows in a ring stage
+    XT: gl.constexpr = 2 * BT if BT2 > 0 else BT                   # the activations' rows in a stage (x_rows)
     xt = gl.arange(0, XT, layout=gl.SliceLayout(1, x_copy))
     xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_copy))
     x_ok = gl.expand_dims(xt < M, 1) & gl.expand_dims(xk < 128, 0)
