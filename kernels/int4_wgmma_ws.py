@@ -405,8 +405,9 @@ def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, sa_ptr, ws_ptr, cn
                     STAGES: gl.constexpr, OVERLAP: gl.constexpr, ONE_TILE: gl.constexpr, PDL: gl.constexpr):
     # Descriptors (host TMA): words = qweight [K/128 · N, 16] int32, block [BN, 16]; scales [K/128, N], block
     # [1, BN]; x [M, K] bf16/fp16, or int8 (W4A8: k permuted as layers.quant.a8_k says, token scales sa fp32 [M]),
-    # blocks [BM, 128] and [BM2, 128] (rows past M read as zeros); out [M, N] any float dtype (row stride stride_om); ws fp32 [2 · programs · BN · (BM + BM2)] (partial-tile pieces, any contents),
-    # cnt int32 [tiles · 2] zeroed (kernels/splitk.py). Tiles: tile = n_tile · m_tiles + m_tile, [BN, BM + BM2]
+    # blocks [BM, 128] and [BM2, 128] (rows past M read as zeros); out [M, N] any float dtype (row stride
+    # stride_om); ws fp32 [2 · programs · BN · (BM + BM2)] (partial-tile pieces, any contents), cnt int32
+    # [tiles · 2] zeroed (kernels/splitk.py). Tiles: tile = n_tile · m_tiles + m_tile, [BN, BM + BM2]
     # each. Grid (programs,): the work units (tile, group or pair of groups), tile-major, cut into one equal range
     # per program.
     DT: gl.constexpr = x_desc.dtype

@@ -257,6 +257,11 @@ def _buf(t, shape, dtype, device):
     return t if t is not None else torch.empty(shape, dtype=dtype, device=device)
 
 
+def _check_a8_order(a8_order, quant, width):
+    """a8_order (the W4A8 operand's k order) permutes int8 codes within blocks of 32 columns: quant, whole blocks."""
+    assert not a8_order or (quant and width % 32 == 0), "a8_order: int8 output, rows of whole 32-column blocks"
+
+
 def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None, a8_order=False):
     """x, residual [T, H] contiguous (residual None: h = x) -> (h, y), plus (q int8 [T, H], s [T]) when quant
     (a8_order: q in the W4A8 operand's k order, layers.quant.a8_permute, as kernels/int4_linear.w4a8_linear takes
@@ -265,7 +270,7 @@ def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None
     their 8-byte rows take 16 warps (H200, T 5 x 5120: 3.3 against 3.6 µs on 8; stored bf16 2.4 on 8)."""
     T, H = x.shape
     assert residual is not None or not fixed_sum.deferred(x), "int64 sums are added to a residual"
-    assert not a8_order or (quant and H % 32 == 0), "a8_order: int8 output, rows of whole 32-column blocks"
+    _check_a8_order(a8_order, quant, H)
     dt = fixed_sum.activation_dtype(x)
     h = x if residual is None else _buf(h, (T, H), dt, x.device)
     y = _buf(y, (T, H), dt, x.device)
@@ -288,7 +293,7 @@ def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None,
     T, NH, D = x.shape
     assert x.is_contiguous() and z.shape == x.shape and z.stride(2) == 1 and z.stride(1) == D
     assert clear is None or (fixed_sum.deferred(clear) and clear.shape[0] == T and clear.stride(1) == 1)
-    assert not a8_order or (quant and NH * D % 32 == 0), "a8_order: int8 output, rows of whole 32-column blocks"
+    _check_a8_order(a8_order, quant, NH * D)
     y = _buf(y, (T, NH, D), x.dtype, x.device)
     q, s = (_buf(q, (T, NH * D), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
     c, nc = (clear, clear.shape[1]) if clear is not None else (z, 0)
@@ -347,7 +352,7 @@ def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, amax=N
     int64 sums 3.36 / 2.45 / 1.64 / 1.86."""
     T, I = gate.shape
     assert gate.stride(1) == 1 and up.stride(1) == 1 and (write_y or quant) and gate.dtype == up.dtype
-    assert not a8_order or (quant and I % 32 == 0), "a8_order: int8 output, rows of whole 32-column blocks"
+    _check_a8_order(a8_order, quant, I)
     block = min(block, triton.next_power_of_2(I))
     nch = triton.cdiv(I, block)
     y = _buf(y, (T, I), fixed_sum.activation_dtype(gate), gate.device) if write_y else None
