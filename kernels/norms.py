@@ -267,7 +267,12 @@ def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None
     (a8_order: q in the W4A8 operand's k order, layers.quant.a8_permute, as kernels/int4_linear.w4a8_linear takes
     it with a8_order; likewise in gated_rmsnorm and silu_mul).
     Pass h=residual to update the residual stream in place. x may be a linear's int64 sums (with a residual):
-    their 8-byte rows take 16 warps (H200, T 5 x 5120: 3.3 against 3.6 µs on 8; stored bf16 2.4 on 8)."""
+    their 8-byte rows take 16 warps (H200, T 5 x 5120: 3.3 against 3.6 µs on 8; stored bf16 2.4 on 8).
+    Tried and not kept (session 28, H200): a program per 512 columns, the row's programs meeting at a barrier (an
+    arrival counter) for its sum of squares, and where they cannot all be resident one program per row summing the
+    same chunks (the same bits either way): int64 sums T 1 / 5 / 20 2.45 / 2.62 / 3.01 against 3.24 / 3.37 / 3.40 µs
+    alone, yet bench/layer_step at B1 T5 GDN / attention layer 82.7 / 90.7 against 82.9 / 92.1 µs and B4 ~1 µs
+    slower; and that per-row path on 4 warps took 10.5 against 3.5 µs at T 64 (a wide row wants one 16-warp pass)."""
     T, H = x.shape
     assert residual is not None or not fixed_sum.deferred(x), "int64 sums are added to a residual"
     _check_a8_order(a8_order, quant, H)
