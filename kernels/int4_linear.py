@@ -9,9 +9,9 @@ projections (gate+up, q/k/v(+gate), GDN qkv+z) are one call on the weights conca
 Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_int4(w).T).
 On a GPU (sm_80+), int4_linear hands calls of ≤ 24 rows with symmetric weights to kernels/int4_gemv.py, which
 streams the weights straight into the mma's registers (~2x faster there; a token's row bitwise the same at any of
-those row counts), and on sm_90 larger ones to kernels/int4_wgmma.py (weights as the wgmma's register operand,
-1.1-1.7x this kernel at 40-320 rows), from 65 rows mostly to its warp-specialised form kernels/int4_wgmma_ws.py (at
-320 rows 0.93-1.22x cuBLAS bf16; W4A8 from 65 rows too, its activations permuted to the operand's k order first) —
+those row counts), and on sm_90 larger ones mostly to kernels/int4_wgmma_ws.py (weights as the wgmma's register
+operand, a TMA loader and two consumer warpgroups: 1.3-2.2x cuBLAS bf16 at 32-64 rows, 0.93-1.22x at 320; W4A8 from
+65 rows, its activations permuted to the operand's k order first), the rest to kernels/int4_wgmma.py —
 their sums are not the GEMV's bits (bf16-rounded scaled weights, fp32 across groups), nor the same across their own
 cuts (H200: 64 against 65 rows differ at out_proj, gate_up and down); this kernel covers the rest (W4A8 below 65
 rows, asymmetric weights, sm_8x), and every row count in the CPU interpreter (Gluon has none).

@@ -1,6 +1,7 @@
-"""Warp-specialised int4-weight GEMM on Hopper for large batches (65+ rows): out[M, N] = x[M, K] @ W[N, K]ᵀ, W in the
-mma int4 layout (layers/quant.py), x bf16/fp16. The weights are unpacked exactly as in kernels/int4_wgmma.py (its
-`_a_operand`: the wgmma's register operand, scaled to x's dtype); what differs is who waits for whom.
+"""Warp-specialised int4-weight GEMM on Hopper for verify and batch steps (25+ rows; W4A8 65+): out[M, N] =
+x[M, K] @ W[N, K]ᵀ, W in the mma int4 layout (layers/quant.py), x bf16/fp16. The weights are unpacked exactly as in
+kernels/int4_wgmma.py (its `_a_operand`: the wgmma's register operand, scaled to x's dtype); what differs is who
+waits for whom.
 
 Why: int4_wgmma.py's CTAs copy their own ring (cp.async) and meet at a CTA barrier every group, so its warps move in
 lockstep and a second warpgroup per CTA (fewer activation re-reads) was slower; at 320 rows it ran at 0.62-0.86x
@@ -15,7 +16,14 @@ cuBLAS bf16 (H200). Here a CTA is three partitions that meet only at mbarriers:
   (an even number of groups) group i's mma runs while group i + 1 is unpacked: two A register sets, each held past
   its mma (int4_wgmma._hold: ptxas frees wgmma A registers at issue).
 BM2 exists because Gluon tensors have power-of-2 shapes: 320 rows are two 160-token tiles (128 + 32), 200 one of
-256 (128 + 128).
+256 (128 + 128). 25-64 rows take one tile of 32 or 64 tokens (SMALL_TILES), without the overlap: H200, us, against
+int4_wgmma.py's launches (which took these rows before) and cuBLAS bf16 in the same run: 32 rows qkvz 19.5 / 27.2 /
+42.3, out_proj 11.8 / 17.0 / 18.5, attn 19.1 / 27.3 / 38.7, gate_up 43.6 / 48.7 / 90.3, down 24.8 / 34.9 / 50.0; 64
+rows qkvz 22.8 / 27.5 / 43.0, out_proj 14.6 / 22.8 / 18.8, attn 22.8 / 27.9 / 40.7, gate_up 51.7 / 62.2 / 95.4, down
+29.3 / 39.0 / 52.3 (the best cut of each; launch's cost model picks the same ones). The overlap is 3-7% slower on
+32-token tiles, even on 64; 5-8 ring stages 0-4% faster than 4. (At 17-24 rows these tiles beat the GEMV too —
+qkvz 19.3 against 28.8 µs at 20 rows, stored — but int4_gemv.py keeps those rows for its bits: a token's row the
+same at any width up to 24.)
 How the work is cut: the work units (tile, group — or pair of groups with OVERLAP), tile-major, are cut into one
 equal range per program; the loader streams its range's groups through the ring without a break, the consumers sum
 each tile segment of it and store a whole tile, or finish a partial one (`_finish`): where the tile's counter shows
@@ -88,14 +96,16 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels import device as gpu
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
-from kernels.int4_gemv import _prog_of, _range_start
+from kernels.int4_gemv import MAX_ROWS, _prog_of, _range_start
 from kernels.int4_wgmma import _a_operand, _a_operand_i8, _hold, _pairs, layouts
 from kernels.splitk import workspace
 from layers.quant import Int4Weight
 
 WG_COLS = gl.constexpr(64)              # output columns per consumer warpgroup (the wgmma's M)
 CONSUMERS = gl.constexpr(2)
-TOKEN_TILES = ((128, 0), (128, 32), (128, 64), (128, 128))    # (BM, BM2) candidates: 128-256 tokens a CTA
+TOKEN_TILES = ((128, 0), (128, 32), (128, 64), (128, 128))    # (BM, BM2) candidates from 65 rows: 128-256 tokens
+SMALL_TILES = ((32, 0), (64, 0))        # and up to SMALL_ROWS rows (W4A16): 32 or 64 tokens
+SMALL_ROWS = 64
 WHOLE_ONLY = 64                         # BM2 from which a tile is only ever taken whole (see launch)
 TILE_COST = 20                          # tokens: a group's cost to a tile beyond its tokens (unpack, issue)
 STAGES = 4                              # ring stages, fewer where a tile's stages outgrow the shared memory
@@ -103,7 +113,9 @@ A8_RANGE_STAGES = 5                     # W4A8 programs whose ranges cross tiles
 SMEM = 232448                           # bytes of shared memory a CTA may hold on sm_90
 MAX_SPLITS = 4                          # programs a tile is cut into (the last one sums their pieces in turn)
 STREAM_K_COST = 3000                    # group·tokens (~17 us on the H200): ranges across tiles, see above
-MIN_ROWS = 65                           # up to 64 rows int4_wgmma.py's launches are as fast or faster
+SMALL_STREAM_K_COST = 1000              # the same for the small tiles, whose pieces are 2-8x smaller (see launch)
+MIN_ROWS = MAX_ROWS + 1                 # below, kernels/int4_gemv.py (a token's bits the same at every width)
+A8_MIN_ROWS = 65                        # W4A8: below, int4_linear's Triton kernel
 PIECES = "stream-K pieces"               # this kernel's workspace: partial tiles (any contents) and their counters
 MAXNREG = 168                           # 12 warps at one CTA per SM; setmaxnreg gives consumers 232, the loader 40
 
@@ -438,9 +450,10 @@ def _int4_ws_kernel(w_desc, s_desc, x_desc, x2_desc, out_ptr, sa_ptr, ws_ptr, cn
 
 
 def launch(m: int, n: int, k: int, sms: int, a8: bool = False):
-    """(BM, BM2, programs) for m rows, or None where int4_wgmma.py keeps the call (below MIN_ROWS, or programs
-    that would fill less than half the SMs): the token tile and cut of the work whose busiest program costs least,
-    its groups times (tokens + TILE_COST) — one tile a program (in waves of one a SM), each tile cut in 2 to
+    """(BM, BM2, programs) for m rows, or None where another kernel keeps the call (below MIN_ROWS, A8_MIN_ROWS with
+    a8; int4_wgmma.py where programs would fill less than half the SMs): the token tile (SMALL_TILES up to SMALL_ROWS
+    rows, TOKEN_TILES above) and cut of the work whose busiest program costs least, its groups times (tokens +
+    TILE_COST) — one tile a program (in waves of one a SM), each tile cut in 2 to
     MAX_SPLITS programs while they fit one wave, or stream-K (one program a SM, ranges across tiles: charged
     STREAM_K_COST more). Tiles of 192 and 256 tokens only whole: one wave of them where smaller tiles take two
     (H200, us, against the 128-token tiles' two waves and cuBLAS: qkvz 192 rows 43.1 / 65.2 / 51.9, 176 rows 42.9 /
@@ -453,13 +466,17 @@ def launch(m: int, n: int, k: int, sms: int, a8: bool = False):
     gate_up 1976 / 2541, down 1051 / 1126. Not taken (session 21): 320-token tiles (256 + 64: 2 ring stages, no
     overlap), whole, at 320 rows — qkvz 73.8 against 75.2 (cuBLAS 73.0), attn 73.3 against 73.5; in stream-K
     ranges, and at the other shapes, slower. W4A8 (a8) holds int32 sums beside the fp32 accumulators: the
-    256-token tile spills there (296 bytes of stack, sm_90), so it takes the others only."""
-    if m < MIN_ROWS:
+    256-token tile spills there (296 bytes of stack, sm_90), so it takes the others only. The small tiles' stream-K
+    is charged SMALL_STREAM_K_COST, which makes the cuts measured fastest at 25-64 rows the model's (H200, whole
+    tiles, pieces of 2-4 and stream-K tried for each): stream-K for gate_up (whole tiles would take three waves),
+    one wave of whole tiles for qkvz and attn, tiles in three pieces for out_proj and down."""
+    if m < (A8_MIN_ROWS if a8 else MIN_ROWS):
         return None
+    small = m <= SMALL_ROWS
     groups = k // 128
     unit = 2 if groups % 2 == 0 else 1                  # the overlapped loop's pairs
     best = None
-    for tile in TOKEN_TILES[:-1] if a8 else TOKEN_TILES:
+    for tile in SMALL_TILES if small else TOKEN_TILES[:-1] if a8 else TOKEN_TILES:
         tokens = sum(tile)
         tiles = triton.cdiv(n, CONSUMERS.value * WG_COLS.value) * triton.cdiv(m, tokens)
         cuts = [(triton.cdiv(tiles, sms) * groups, tiles, 0)]
@@ -467,7 +484,7 @@ def launch(m: int, n: int, k: int, sms: int, a8: bool = False):
             cuts += [(triton.cdiv(groups // unit, s) * unit, tiles * s, 0) for s in range(2, MAX_SPLITS + 1)
                      if tiles * s <= sms and s <= groups // unit]
             if tiles % sms:
-                cuts.append((tiles * groups / sms, sms, STREAM_K_COST))
+                cuts.append((tiles * groups / sms, sms, SMALL_STREAM_K_COST if small else STREAM_K_COST))
         for held, programs, extra in cuts:
             cost = held * (tokens + TILE_COST) + extra
             if best is None or cost < best[0]:
@@ -496,10 +513,11 @@ def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple,
                   stages: int = None, x_scale: torch.Tensor = None) -> torch.Tensor:
     """x [..., K] bf16/fp16 (rows TMA-aligned: pick), w symmetric with group 128, out [..., N] any float dtype:
     out = x @ Wᵀ. cfg = (BM, BM2, programs) as `pick` chooses (programs: at most one per work unit); stages
-    default to stages_for; overlap needs an even number of groups, and by default is taken wherever they pair up
-    and the ring has 4 stages: the overlapped loop holds two, so 3 would leave the loader one (H200, the 3-stage
-    256-token tiles, us without / with it: qkvz 240 rows 57.3 / 59.9, attn 200 rows 54.7 / 57.1, 1024 rows the
-    same, out_proj 4096 rows 351.6 / 355.1; bitwise the same output).
+    default to stages_for; overlap needs an even number of groups, and by default is taken wherever they pair up,
+    the tile has 128 tokens or more (SMALL_TILES: see the module's notes) and the ring has 4 stages: the overlapped
+    loop holds two, so 3 would leave the loader one (H200, the 3-stage 256-token tiles, us without / with it: qkvz
+    240 rows 57.3 / 59.9, attn 200 rows 54.7 / 57.1, 1024 rows the same, out_proj 4096 rows 351.6 / 355.1; bitwise
+    the same output).
     W4A8: x int8 with its k permuted in blocks of 32 as layers.quant.a8_k says, x_scale fp32 [...] per token;
     out = (x · x_scale) @ Wᵀ, each group summed exactly in int32 (no overlap)."""
     k, n = w.k, w.n
@@ -513,7 +531,7 @@ def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple,
     m_tiles = triton.cdiv(m, bm + bm2)
     tiles = triton.cdiv(n, bn) * m_tiles
     stages = stages or stages_for(bm, bm2, a8, programs != tiles)
-    overlap = k % 256 == 0 and stages >= 4 and not a8 if overlap is None else overlap
+    overlap = k % 256 == 0 and stages >= 4 and not a8 and bm >= 128 if overlap is None else overlap
     assert x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
     assert not overlap or (k % 256 == 0 and not a8), "overlap: groups in pairs, 16-bit activations"
     assert 0 < programs <= tiles * (k // 128 // (2 if overlap else 1)), "a program without work"

@@ -75,6 +75,9 @@ def launches():
                 if tile != int4_wgmma_ws.TOKEN_TILES[-1]:      # W4A8 (launch never takes it the 256-token tile)
                     int4_wgmma_ws.int4_wgmma_ws(empty(m, k, dtype=torch.int8), w, empty(m, n), tile + (programs,),
                                                 x_scale=empty(m, dtype=torch.float32))
+            for tile in int4_wgmma_ws.SMALL_TILES:  # 25-64 rows: whole tiles and stream-K ranges
+                for programs in (-(-n // 128), 132):
+                    int4_wgmma_ws.int4_wgmma_ws(empty(tile[0], k), w, empty(tile[0], n), tile + (programs,))
         int4_linear.w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
         yield f"int4 {n}x{k}"
     head = Int8Weight(empty(V, H, dtype=torch.int8), empty(V, dtype=torch.float16))

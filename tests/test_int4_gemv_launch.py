@@ -6,7 +6,7 @@ import pytest
 import torch
 import triton
 
-from kernels import device as gpu, int4_gemv as gemv, int4_wgmma
+from kernels import device as gpu, int4_gemv as gemv, int4_wgmma, int4_wgmma_ws
 from tests.int4_cases import SHAPES_27B
 
 GPUS = {"h200": dict(sms=132, smem=228 * 1024), "rtx3090": dict(sms=82, smem=100 * 1024)}
@@ -26,7 +26,7 @@ def test_token_tiles_cover_the_rows():
         assert bt in (8, 16) and bt2 in (0, 8) and m <= bt + bt2, m
         rows = gemv.x_rows(m)
         assert rows >= bt + bt2 and rows & (rows - 1) == 0, m              # the ring stage's power-of-2 rows
-    assert int4_wgmma.MIN_ROWS == gemv.MAX_ROWS + 1                         # no row count falls between the paths
+    assert int4_wgmma.MIN_ROWS == int4_wgmma_ws.MIN_ROWS == gemv.MAX_ROWS + 1     # no row count falls between the paths
 
 
 @pytest.mark.parametrize("sums", [False, True])

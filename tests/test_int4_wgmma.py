@@ -98,6 +98,10 @@ WS_CASES = [
     (200, 264, 1024, torch.bfloat16, torch.float16, (128, 128, 3), True),     # the 192- and 256-token tiles:
     (192, 520, 2304, torch.bfloat16, torch.bfloat16, (128, 64, 5), True),     # whole, and in ranges
     (390, 136, 640, torch.float16, torch.bfloat16, (128, 64, 4), False),
+    (25, 136, 384, torch.bfloat16, torch.float16, (32, 0, 1), False),        # the 32- and 64-token tiles: whole,
+    (40, 264, 1024, torch.float16, torch.bfloat16, (64, 0, 6), False),        # in pieces, in ranges over tiles,
+    (57, 520, 1152, torch.bfloat16, torch.float16, (32, 0, 13), False),       # two token tiles, with the overlap
+    (33, 264, 768, torch.bfloat16, torch.bfloat16, (32, 0, 7), True),
 ]
 
 
@@ -121,9 +125,9 @@ def test_int4_wgmma_ws_a8(m, n, k, xdt, sdt, cfg, overlap):
 
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)
-@pytest.mark.parametrize("m", [80, 200, 320])
+@pytest.mark.parametrize("m", [25, 40, 64, 80, 200, 320])
 def test_int4_linear_ws_27b(m, n, k):
-    """16, 40 and 64 sequences verifying 4 drafts: int4_linear takes the warp-specialised form at every 27B shape."""
+    """5 to 64 sequences verifying 4 drafts: int4_linear takes the warp-specialised form at every 27B shape."""
     x, w = int4_case(m, n, k, torch.bfloat16, torch.float16, m + n + k)
     assert ws_pick(x, w) is not None
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -132,10 +136,12 @@ def test_int4_linear_ws_27b(m, n, k):
 
 
 @pytest.mark.parametrize("m,n,k,kind", [(320, 16384, 5120, "tiles"), (200, 16384, 5120, "tiles"),
-                                         (80, 5120, 6144, "pieces"), (200, 5120, 17408, "stream-K")])
+                                         (80, 5120, 6144, "pieces"), (200, 5120, 17408, "stream-K"),
+                                         (32, 5120, 6144, "pieces"), (40, 34816, 5120, "stream-K")])
 def test_int4_wgmma_ws_graph_replay(m, n, k, kind):
     """Each cut of the work as the H200's launch picks it: one tile a program (qkvz at 320 rows; at 200 one tile
-    of 256 tokens), tiles cut in pieces (out_proj at 80), stream-K (down at 200)."""
+    of 256 tokens), tiles cut in pieces (out_proj at 80; at 32 rows 32-token tiles), stream-K (down at 200, gate_up
+    at 40 rows on 64-token tiles)."""
     x = torch.randn(m, k + 128, device="cuda").bfloat16()[:, 64:64 + k]            # row stride k + 128
     w = quantize_int4(torch.randn(n, k, device="cuda"))
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")

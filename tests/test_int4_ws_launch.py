@@ -17,13 +17,13 @@ def test_launch_invariants(n, k, a8):
     unit = 2 if groups % 2 == 0 else 1
     for m in range(1, 4200, 7):
         cfg = ws.launch(m, n, k, SMS, a8)
-        if m < ws.MIN_ROWS:
+        if m < (ws.A8_MIN_ROWS if a8 else ws.MIN_ROWS):
             assert cfg is None
             continue
         if cfg is None:                     # fewer programs than half the SMs: int4_wgmma.py keeps the call
             continue
         bm, bm2, programs = cfg
-        assert (bm, bm2) in ws.TOKEN_TILES
+        assert (bm, bm2) in (ws.SMALL_TILES if m <= ws.SMALL_ROWS else ws.TOKEN_TILES), (m, cfg)
         tiles = triton.cdiv(n, 128) * triton.cdiv(m, bm + bm2)
         assert 2 * programs >= SMS and programs <= tiles * (groups // unit), (m, cfg)
         assert programs == tiles or programs <= SMS, (m, cfg)            # waves only of whole tiles
@@ -32,7 +32,7 @@ def test_launch_invariants(n, k, a8):
 
 
 def test_stages_fit_shared_memory():
-    for bm, bm2 in ws.TOKEN_TILES:
+    for bm, bm2 in ws.TOKEN_TILES + ws.SMALL_TILES:
         stages = ws.stages_for(bm, bm2)
         assert 3 <= stages <= ws.STAGES and stages * ws.stage_bytes(bm, bm2) + 1024 <= ws.SMEM, (bm, bm2, stages)
     assert ws.stages_for(128, 64) == 4          # 3 stages measured 11-13% slower on 192-token tiles
@@ -50,6 +50,10 @@ def test_stages_fit_shared_memory():
     (192, 16384, 5120, (128, 64, 128)),     # one wave of 192-token tiles, not two of 128
     (200, 14336, 5120, (128, 128, 112)),    # one wave of 256-token tiles
     (200, 5120, 6144, (128, 0, 80)),        # large tiles lose when cut: whole 128-token tiles
+    (32, 16384, 5120, (32, 0, 128)),        # 25-64 rows: one wave of 32- or 64-token tiles,
+    (64, 14336, 5120, (64, 0, 112)),
+    (40, 5120, 6144, (64, 0, 120)),         # cut in three pieces,
+    (32, 34816, 5120, (32, 0, 132)),        # or stream-K where whole tiles take three waves
 ])
 def test_launch_choices(m, n, k, cfg):
     assert ws.launch(m, n, k, SMS) == cfg
