@@ -14,7 +14,7 @@ accepted (`--accept`, default .84/.60/.38/.22: vLLM's MTP on Qwen under load, EN
 1 + the accepted drafts — acceptance depends on the text, not on the kernels); then, per batch, the draft count
 that gives the most tokens per second at those rates (what profiles/ should set per bucket).
 `python -m bench.step [--batch 1,4,64] [--k 0,4] [--ctx 16384] [--draft-vocab 32768]` writes
-bench/results/step-<gpu>.json and .md."""
+bench/results/step-<gpu>.json and .md (step-ctx<ctx>-<gpu> at other contexts)."""
 import argparse
 
 import torch
@@ -169,8 +169,9 @@ def main():
     args = ap.parse_args()
     rows, peak = run([int(b) for b in args.batch.split(",")], [int(k) for k in args.k.split(",")], args.ctx,
                      args.draft_vocab, [float(a) for a in args.accept.split(",")])
-    print(write_results("step", rows, {"gpu": gpu_name(), "torch": torch.__version__,
-                                       "peak_copy_GBps": round(peak / 1e9, 1)}))
+    name = "step" if args.ctx == 16384 else f"step-ctx{args.ctx}"
+    print(write_results(name, rows, {"gpu": gpu_name(), "torch": torch.__version__,
+                                     "peak_copy_GBps": round(peak / 1e9, 1)}))
 
 
 if __name__ == "__main__":
