@@ -51,12 +51,13 @@ class Step:
         self.layers = [Layer(kind, B, T, ctx, dims, device) for kind in LAYERS]
         self.embed, self.lm_head = random_int8(VOCAB, H), random_int8(VOCAB, H)
         self.ids = torch.randint(0, VOCAB, (B * T,), dtype=torch.int32, device=device)
-        self.h, self.res, self.y = (torch.zeros(B * T, H, **bf) for _ in range(3))
+        self.h, self.y = torch.zeros(B * T, H, **bf), torch.zeros(B * T, H, **bf)
         self.norm_w = torch.randn(H, **bf) * 0.1
         self.logits = torch.empty(B, T, VOCAB, **bf)
         self.params = SamplingTensors.of([QWEN[0]] * B, [QWEN[1]] * B, [QWEN[2]] * B, device)
         self.seed, self.offset = (torch.zeros(1, dtype=torch.int64, device=device) for _ in range(2))
-        self.bytes = sum(layer.bytes() for layer in self.layers) + head_bytes(B * T, VOCAB, dims) + 2 * B * T * H
+        self.bytes = (sum(layer.bytes() for layer in self.layers) + head_bytes(B * T, VOCAB, dims)
+                      + 3 * B * T * H)                                # the embedding's int8 rows in, bf16 out
         if k == 0:
             self.sampler = SamplerWorkspace(B, VOCAB, device)
             return
@@ -78,7 +79,7 @@ class Step:
 
     def drafts(self):
         """k draft passes at B rows. (Kernels read and write their own buffers: the time is the same chain.)"""
-        H, eps = self.dims.hidden, self.dims.eps
+        eps = self.dims.eps
         tok = self.ids[:self.B]
         for i in range(self.k):
             int8_embedding(tok, self.embed, out=self.e)
