@@ -85,12 +85,14 @@ warps, 4 per SM) — correct (3e-6 from the reference) and bitwise the same at e
 into sums, us against this kernel in the same run): M = 5 qkvz 12.36 / 13.37, attn 11.45 / 11.82, gate_up 24.43 /
 24.88, down 13.82 / 13.62, out_proj 7.39 / 6.92; M = 16 (another run) qkvz 19.8 / 18.4, down 20.9 / 19.2, out_proj
 11.2 / 9.0; with 792 ranges instead (6 a SM), M = 1 at 6 CTAs per SM: qkvz 15.4 against 11.8.
-On an RTX 3090 (unmeasured here): GeForce GA102 runs bf16 mma with fp32 accumulation at half its fp16-accumulate
-rate, 256 FMA per clock and SM (71 TFLOPS), and this kernel's mma work per weight byte is 20 FMA at 1-8 rows (n8
-codes + a quarter of a Σx mma), 48 at 9-16, 72 at 17-24: at 936 GB/s that is 53% / 126% / 189% of the tensor rate,
-so verify steps of 9-24 rows would be tensor-bound there (at most ~79% / ~53% of the bandwidth). A 3090 path would
-want those rows without the Σx mma (codes − 8 exact in bf16: 16 and 24 FMA per weight, 84% / 126%) or the W4A8 form
-on its int8 tensor cores (4x the rate).
+On an RTX 3090 (not measured: no such GPU here): GeForce GA102 runs bf16 mma with fp32 accumulation at half its
+fp16-accumulate rate, 256 FMA per clock and SM (71 TFLOPS). The SASS (compiled offline, qkvz, per group and warp)
+has 40 / 48 / 72 HMMA.16816 at 1-8 / 9-16 / 17-24 rows for sm_90, where the compiler issues the Σx mma once per
+k step for all of a warp's row blocks, but 64 / 64 / 96 for sm_86, where it does not: 32 / 64 / 96 FMA per weight
+byte, at 936 GB/s 84% / 168% / 252% of a 3090's tensor rate — the GEMV would be tensor-bound there at every width
+(sm_90's counts would be 53% / 126% / 189%). So a 3090 wants the Σx mma issued once per warp explicitly (session
+13's form: bitwise the same sums, no change on the H200) and at 9-24 rows the codes − 8 in the mma instead (exact
+in bf16, no Σx at all: 42% / 84% / 126%), or the W4A8 form on its int8 tensor cores (4x the rate).
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
