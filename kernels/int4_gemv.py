@@ -90,9 +90,10 @@ fp16-accumulate rate, 256 FMA per clock and SM (71 TFLOPS). The SASS (compiled o
 has 40 / 48 / 72 HMMA.16816 at 1-8 / 9-16 / 17-24 rows for sm_90, where the compiler issues the Σx mma once per
 k step for all of a warp's row blocks, but 64 / 64 / 96 for sm_86, where it does not: 32 / 64 / 96 FMA per weight
 byte, at 936 GB/s 84% / 168% / 252% of a 3090's tensor rate — the GEMV would be tensor-bound there at every width
-(sm_90's counts would be 53% / 126% / 189%). So a 3090 wants the Σx mma issued once per warp explicitly (session
-13's form: bitwise the same sums, no change on the H200) and at 9-24 rows the codes − 8 in the mma instead (exact
-in bf16, no Σx at all: 42% / 84% / 126%), or the W4A8 form on its int8 tensor cores (4x the rate).
+(sm_90's counts would be 53% / 126% / 189%). So below sm_90 the Σx mma is issued once per warp explicitly
+(`sum_once`: bitwise the same sums, sm_86's SASS then 40 / 48 / 72 HMMA and 134 instead of 146 registers at 5 rows;
+sm_90's is byte for byte what it was). Beyond that a 3090 would want at 9-24 rows the codes − 8 in the mma instead
+(exact in bf16, no Σx at all: 42% / 84% / 126%), or the W4A8 form on its int8 tensor cores (4x the rate).
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
@@ -244,18 +245,41 @@ def _scaled_sum(acc, part, xsum, scale, BASE: gl.constexpr):
 
 
 @gluon.jit
+def _twice(x):
+    """[rows, T] → [2·rows, T], the copy below: a register bit of its own, the top bit of the row (no data moves)."""
+    return gl.reshape(gl.permute(gl.join(x, x), [2, 0, 1]), [2 * x.shape[0], x.shape[1]])
+
+
+@gluon.jit
+def _every_row(xs, BN: gl.constexpr, mma: gl.constexpr):
+    """Σx [rows, T] (16·W: a warp's m16 block, or BN) as the [BN, T] accumulator: past 16·W rows the mma layout
+    repeats in registers, so each thread's values stand for all its row blocks."""
+    R: gl.constexpr = BN // xs.shape[0]
+    if R >= 2:
+        xs = _twice(xs)
+    if R >= 4:
+        xs = _twice(xs)
+    if R >= 8:
+        xs = _twice(xs)
+    return gl.convert_layout(xs, mma, assert_trivial=True)
+
+
+@gluon.jit
 def _group_product(q, x_stage, s, acc, acc2, BN: gl.constexpr, BT: gl.constexpr, BT2: gl.constexpr,
-                   DT: gl.constexpr, BASE: gl.constexpr, mma: gl.constexpr, a_op: gl.constexpr, b_op: gl.constexpr):
+                   DT: gl.constexpr, BASE: gl.constexpr, mma: gl.constexpr, a_op: gl.constexpr, b_op: gl.constexpr,
+                   SUM_ONCE: gl.constexpr):
     """acc [BN, BT] and acc2 [BN, BT2] (tokens BT …, where BT2 > 0) in int64 fixed point += one group, scaled per
-    row in fp32: Σ (code − 8)·x = Σ (BASE + code − 8)·x − BASE·Σx, the codes entering the mma as BASE + q and Σx
-    coming from a ones operand (a subtract per pair of weights saved; the compiler issues its mma once per warp).
-    Each token's sums are the same whichever tile holds it."""
+    row in fp32: Σ (code − 8)·x = Σ (BASE + code − 8)·x − BASE·Σx, the codes entering the mma as BASE + q (a subtract
+    per pair of weights saved) and Σx from a ones operand: [BN, 32], whose mma the compiler for sm_90 issues once
+    for all of a warp's row blocks (not for sm_86), or with SUM_ONCE one m16 block per warp (the same mma, the same
+    sums). Each token's sums are the same whichever tile holds it."""
+    XR: gl.constexpr = 16 * mma.warps_per_cta[0] if SUM_ONCE else BN           # Σx rows
     part = gl.zeros([BN, BT], gl.float32, mma)
-    xsum = gl.zeros([BN, BT], gl.float32, mma)
-    ones = gl.full([BN, 32], 1.0, DT, a_op)
+    xsum = gl.zeros([XR, BT], gl.float32, mma)
+    ones = gl.full([XR, 32], 1.0, DT, a_op)
     if BT2 > 0:
         part2 = gl.zeros([BN, BT2], gl.float32, mma)
-        xsum2 = gl.zeros([BN, BT2], gl.float32, mma)
+        xsum2 = gl.zeros([XR, BT2], gl.float32, mma)
     for b in gl.static_range(4):
         chunk = x_stage.slice(32 * b, 32, dim=1)
         codes = _chunk_weights(q, b, BN, DT, a_op)
@@ -267,9 +291,9 @@ def _group_product(q, x_stage, s, acc, acc2, BN: gl.constexpr, BT: gl.constexpr,
             part2 = mma_v2(codes, xb2, part2)
             xsum2 = mma_v2(ones, xb2, xsum2)
     scale = gl.expand_dims(s.to(gl.float32) * ONE, 1)
-    acc = _scaled_sum(acc, part, xsum, scale, BASE)
+    acc = _scaled_sum(acc, part, _every_row(xsum, BN, mma), scale, BASE)
     if BT2 > 0:
-        acc2 = _scaled_sum(acc2, part2, xsum2, scale, BASE)
+        acc2 = _scaled_sum(acc2, part2, _every_row(xsum2, BN, mma), scale, BASE)
     return acc, acc2
 
 
@@ -381,7 +405,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
                       w_layout: gl.constexpr, c_layout: gl.constexpr, ring_layout: gl.constexpr,
                       x_copy: gl.constexpr, x_ring_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
                       BT2: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr, SP: gl.constexpr, MARKS: gl.constexpr,
-                      EVEN_N: gl.constexpr, PDL: gl.constexpr):
+                      EVEN_N: gl.constexpr, PDL: gl.constexpr, SUM_ONCE: gl.constexpr):
     # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/128, N, 16], s [K/128, N], out [M, N] (any float dtype,
     # or int64 fixed-point sums, zero on entry: post_tile); ws fp32 [2·M·N] (used as int64 [M, N]) and cnt int32
     # [tiles] zeroed (kernels/splitk.py). Grid (P,): the tiles · K/128 work units (tile, group), tile-major, are
@@ -448,7 +472,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
         q = ring.index(i % STAGES).load(w_layout)
         s = s_ring.index(i % STAGES).slice(0, BN).load(gl.SliceLayout(1, mma))
         acc, acc2 = _group_product(q, x_ring.index(i % STAGES), s, acc, acc2, BN, BT, BT2, DT, BASE, mma, a_op,
-                                   b_op)
+                                   b_op, SUM_ONCE)
         if (u + 1 == u_hi) | ((u + 1) % n_groups == 0):            # the tile's last group, or the range's
             tile = u // n_groups
             P = gl.num_programs(0)
@@ -531,10 +555,14 @@ def pick(m: int, n: int, k: int, device, sums: bool = False, **override) -> dict
 
 
 def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = None, warps: int = None,
-              programs: int = None, stages: int = None, ctas_per_sm: int = None, marks: bool = None) -> torch.Tensor:
+              programs: int = None, stages: int = None, ctas_per_sm: int = None, marks: bool = None,
+              sum_once: bool = None) -> torch.Tensor:
     """x [..., K] (≤ MAX_ROWS rows, bf16/fp16) → out [..., N] (any float dtype; or, from bf16 x, int64 zeros that
     receive the fixed-point sums for a consumer to convert: kernels/fixed_sum.py); launch parameters default to
-    pick() (marks: flush_marked, else flush_tile; neither for int64 sums)."""
+    pick() (marks: flush_marked, else flush_tile; neither for int64 sums). sum_once: Σx as one m16 mma block per
+    warp (_group_product), by default below sm_90, whose compiler does not share the ones mma itself (SASS, sm_86:
+    64 / 64 / 96 HMMA a group and warp at 1-8 / 9-16 / 17-24 rows, with it 40 / 48 / 72 as sm_90's); bitwise the
+    same sums either way."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
@@ -555,5 +583,5 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
         x2, w.qweight, w.scales, out2, ws, cnt, m, n, k, x2.stride(0), out2.stride(0),
         w_layout, c_layout, ring_layout, x_copy, x_ring_layout, p["block_n"], bt, bt2, p["warps"], p["stages"],
         p["block_n"] // 2, p["marks"], n % p["block_n"] == 0, pdl,
-        num_warps=p["warps"], launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * p["warps"] * 32))
+        gpu.capability(x.device) < (9, 0) if sum_once is None else sum_once, num_warps=p["warps"], launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * p["warps"] * 32))
     return out

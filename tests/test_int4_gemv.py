@@ -86,6 +86,19 @@ def test_int4_gemv_width_invariant(n, k):
         assert torch.equal(single[0], outs[24][t]), t
 
 
+@pytest.mark.parametrize("n,k", SHAPES_27B)
+def test_int4_gemv_sum_once_same_bits(n, k):
+    """Σx as one m16 mma block per warp (sum_once: the default below sm_90, forced here) gives the sums of the
+    [BN, 32] ones mma bit for bit, at every token width, stored and into int64 sums."""
+    x, w, _ = case(24, n, k, torch.bfloat16, torch.float16, 5 * n + k)
+    for m in (1, 5, 8, 12, 16, 20, 24):
+        for dtype in (torch.bfloat16, torch.int64):
+            outs = [torch.zeros(m, n, dtype=dtype, device="cuda") for _ in range(2)]
+            for out, once in zip(outs, (False, True)):
+                int4_gemv(x[:m], w, out, sum_once=once)
+            assert torch.equal(outs[0], outs[1]), (m, dtype)
+
+
 @pytest.mark.parametrize("m", [4, 20])
 def test_int4_gemv_strided_rows_and_graph_replay(m):
     x = torch.randn(m, 6144 + 128, device="cuda").bfloat16()[:, 64:64 + 6144]    # row stride 6272
