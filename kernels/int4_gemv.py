@@ -96,7 +96,8 @@ sm_90's is byte for byte what it was). Beyond that a 3090 would want at 9-24 row
 (exact in bf16, no Σx at all: 42% / 84% / 126%), or the W4A8 form on its int8 tensor cores (4x the rate). Built
 offline, not run (the sums' bits change, so it would go in at every width or none): 32 / 32 / 48 HMMA on sm_86 and
 sm_90, 5-13% more instructions (a bf16 subtract per pair of weights), sm_90 registers 134 instead of 146 at 2-8 rows
-and 194 instead of 206 at 17-24 into sums — a lead for the H200's 9-24 rows as well, if the mma issue bounds them.
+and 194 instead of 206 at 17-24 into sums. (Not a lead for the H200: its 16-row launch issues its mma at ~210
+TFLOPS — qkvz into sums, 19 µs — far below the tensor cores' rate.)
 Written in Gluon (Triton's explicit-layout dialect): layouts are spelled out so every conversion is checked to be
 free (`assert_trivial`). Gluon does not run in the interpreter: the CPU tests cover int4_linear, which computes
 the same function; this kernel is checked against the same reference in the GPU tests and compiled for sm_86 and
