@@ -22,8 +22,9 @@ def random_int8(n, k):
                       (torch.rand(n, device="cuda") * 0.01).half())
 
 
-def lm_head_bytes(m, n=VOCAB, k=HIDDEN):
-    return n * k + n * 2 + m * k * 2 + m * n * 4
+def lm_head_bytes(m, n=VOCAB, k=HIDDEN, out_bytes=4):
+    """An int8 lm_head's bytes for m tokens: weights, fp16 scales, bf16 activations in, logits out (fp32 here)."""
+    return n * k + n * 2 + m * k * 2 + m * n * out_bytes
 
 
 def time_ours(m, cfg=None, n=VOCAB, k=HIDDEN):

@@ -21,23 +21,17 @@ import torch
 
 from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
 from bench.kernels_int4 import int4_bytes, random_int4
-from bench.kernels_int8 import random_int8
+from bench.kernels_int8 import VOCAB, lm_head_bytes, random_int8
+from bench.kernels_sampler import QWEN, params_for
 from bench.layer_step import Dims, Layer
 from kernels.int4_linear import int4_linear
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import int8_linear
 from kernels.norms import add_rmsnorm
-from kernels.sampler import (RejectionWorkspace, SamplerWorkspace, SamplingTensors, rejection_sample, sample,
-                             sample_drafts, target_to_draft)
+from kernels.sampler import (RejectionWorkspace, SamplerWorkspace, rejection_sample, sample, sample_drafts,
+                             target_to_draft)
 
-VOCAB = 248320
 LAYERS = ["gdn", "gdn", "gdn", "attn"] * 16          # full_attention_interval 4
-QWEN = (1.0, 20, 0.95)                               # generation_config's sampling
-
-
-def head_bytes(rows, vocab, dims):
-    """An int8 lm_head over `vocab` rows for `rows` tokens: weights, scales, activations in, bf16 logits out."""
-    return vocab * dims.hidden + 2 * vocab + 2 * rows * dims.hidden + 2 * rows * vocab
 
 
 class Step:
@@ -54,9 +48,9 @@ class Step:
         self.h, self.y = torch.zeros(B * T, H, **bf), torch.zeros(B * T, H, **bf)
         self.norm_w = torch.randn(H, **bf) * 0.1
         self.logits = torch.empty(B, T, VOCAB, **bf)
-        self.params = SamplingTensors.of([QWEN[0]] * B, [QWEN[1]] * B, [QWEN[2]] * B, device)
+        self.params = params_for(B, *QWEN)                            # generation_config's sampling
         self.seed, self.offset = (torch.zeros(1, dtype=torch.int64, device=device) for _ in range(2))
-        self.bytes = (sum(layer.bytes() for layer in self.layers) + head_bytes(B * T, VOCAB, dims)
+        self.bytes = (sum(layer.bytes() for layer in self.layers) + lm_head_bytes(B * T, VOCAB, H, out_bytes=2)
                       + 3 * B * T * H)                                # the embedding's int8 rows in, bf16 out
         if k == 0:
             self.sampler = SamplerWorkspace(B, VOCAB, device)
@@ -75,7 +69,7 @@ class Step:
         self.draft_desc = torch.zeros(B, k, 4, device=device)
         self.draft_ws = SamplerWorkspace(B, draft_vocab, device)
         self.rejection = RejectionWorkspace(B, k, VOCAB, draft_vocab, device)
-        self.bytes += k * (self.mtp.bytes() + int4_bytes(B, H, 2 * H) + head_bytes(B, draft_vocab, dims))
+        self.bytes += k * (self.mtp.bytes() + int4_bytes(B, H, 2 * H) + lm_head_bytes(B, draft_vocab, H, out_bytes=2))
 
     def drafts(self):
         """k draft passes at B rows. (Kernels read and write their own buffers: the time is the same chain.)"""

@@ -587,5 +587,6 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
         x2, w.qweight, w.scales, out2, ws, cnt, m, n, k, x2.stride(0), out2.stride(0),
         w_layout, c_layout, ring_layout, x_copy, x_ring_layout, p["block_n"], bt, bt2, p["warps"], p["stages"],
         p["block_n"] // 2, p["marks"], n % p["block_n"] == 0, pdl,
-        gpu.capability(x.device) < (9, 0) if sum_once is None else sum_once, num_warps=p["warps"], launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * p["warps"] * 32))
+        gpu.capability(x.device) < (9, 0) if sum_once is None else sum_once,
+        num_warps=p["warps"], launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * p["warps"] * 32))
     return out

@@ -23,9 +23,9 @@ rows qkvz 22.8 / 27.5 / 43.0, out_proj 14.6 / 22.8 / 18.8, attn 22.8 / 27.9 / 40
 29.3 / 39.0 / 52.3 (the best cut of each; launch's cost model picks the same ones). The overlap is 3-7% slower on
 32-token tiles, even on 64; 5-8 ring stages 0-4% faster than 4; two CTAs a SM (maxnreg 80, setmaxnreg 96 / 24:
 twice the consumers, tiles cut in twice the pieces or ranges) only helped gate_up at 32 rows (36.4 against 40.5 µs;
-qkvz 19.2 / 18.8, down 24.4 / 24.7, out_proj 13.9 / 11.5, at 64 rows 4-17% slower but gate_up). (At 17-24 rows these tiles beat the GEMV too —
-qkvz 19.3 against 28.8 µs at 20 rows, stored — but int4_gemv.py keeps those rows for its bits: a token's row the
-same at any width up to 24.)
+qkvz 19.2 / 18.8, down 24.4 / 24.7, out_proj 13.9 / 11.5, at 64 rows 4-17% slower but gate_up). (At 17-24 rows
+these tiles beat the GEMV too — qkvz 19.3 against 28.8 µs at 20 rows, stored — but int4_gemv.py keeps those rows for
+its bits: a token's row the same at any width up to 24.)
 How the work is cut: the work units (tile, group — or pair of groups with OVERLAP), tile-major, are cut into one
 equal range per program; the loader streams its range's groups through the ring without a break, the consumers sum
 each tile segment of it and store a whole tile, or finish a partial one (`_finish`): where the tile's counter shows
