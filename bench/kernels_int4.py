@@ -113,7 +113,7 @@ def run(peak_Bps: float) -> list:
         for m in GEMV_M + (8, 16, 20):  # its consumer converts and clears the sums (8 bytes each, not 2)
             us = time_ours(m, n, k, sums=True)
             rows.append(row("int4_gemv W4A16 -> int64 sums", f"{shape} M={m}", us, int4_bytes(m, n, k) + 6 * m * n,
-                            2 * m * n * k, peak_Bps, peer="ours", config=_gemv_str(gemv.pick(m, n, k, dev, sums=True))))
+                            2 * m * n * k, peak_Bps, peer="ours", config=_gemv_str(gemv.pick(m, n, k, dev))))
         for m in PEER_M:
             cfg = pick_config(m, n, k, dev)
             us = time_ours(m, n, k, cfg=cfg)
@@ -159,8 +159,8 @@ A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, form=form
 
 # Alternatives to int4_gemv.ROW_BUCKETS for --sweep
 GEMV_VARIANTS = [dict(block_n=bn, warps=w, stages=st, ctas_per_sm=c) for bn, w, st, c in
-                 ((128, 2, 2, 8), (128, 2, 2, 6), (128, 2, 3, 7), (128, 4, 2, 4), (128, 4, 3, 4), (256, 4, 2, 4),
-                  (256, 4, 3, 3), (64, 2, 3, 12))]
+                 ((128, 2, 2, 8), (128, 2, 2, 6), (128, 2, 3, 7), (128, 2, 2, 4), (128, 4, 2, 4), (128, 4, 3, 4),
+                  (256, 4, 2, 4), (256, 4, 3, 3), (64, 2, 3, 12))]
 
 
 # Alternatives to int4_wgmma.LAUNCH for --sweep

@@ -74,7 +74,15 @@ bitwise the same sums): every shape within ±0.1 µs at M = 1-8, still 150 regis
 odd token columns are never stored, so the compiler drops their sums), and 7-8 CTAs per SM at M = 2-8 still
 slower (qkvz M = 5 16.1 / 20.2 against 15.8 µs). Why M = 1 is faster than 2-5 (session 20): a row count of 1 is
 specialised, so the n8 tile's odd token columns are dead and half of each group's fixed-point conversions (F2I.S64)
-and int64 adds go (8 a thread instead of 16; SASS). H200, into sums, M = 5, us against this kernel: the sums kept
+and int64 adds go (8 a thread instead of 16; SASS). So up to 4 rows the tokens are spread over the even token
+columns (SPREAD: token t in column 2t of the n8 tile, its activations in stage row 2t; the odd columns masked, so
+the compiler drops their sums as at M = 1: 120-125 registers, 8 CTAs per SM; each column's mma is its token's own,
+so the bits are those of any other width). H200, into sums, M = 2 / 3 / 4 against 6 CTAs unspread, same run, us:
+qkvz 11.6 / 11.8 / 12.0 against 13.1 / 13.2 / 13.2, attn 11.1 / 11.2 / 11.2 against 11.5 / 11.5 / 11.6, gate_up
+23.6 / 23.8 / 24.0 against 24.3 / 24.5 / 24.5, down 12.7 / 13.0 / 13.6 against 13.0 / 13.1 / 13.1, out_proj 6.4 /
+6.9 / 6.7 against 6.5 / 6.6 / 6.6 (those two, whose 40 column tiles are each shared by ~26 programs at 8 CTAs per SM,
+post more atomics; stored bf16 they too gain or tie); spread at 6 CTAs per SM is slower than unspread (qkvz 14.7).
+H200, into sums, M = 5, us against this kernel: the sums kept
 in fp32 within a tile segment and converted once (order-dependent bits: timing only) qkvz 13.10 / 13.40, attn 11.29
 / 11.78, out_proj 6.76 / 6.86, down 13.23 / 13.70 (qkvz at 8 CTAs per SM 12.33 / 13.07); the posted atomics left
 out (wrong sums) 13.22 / 13.55, 11.15 / 11.75, 6.36 / 6.88; an exact middle way, fp32 sums of aligned pairs of
@@ -312,12 +320,14 @@ def _to_out(v, out_ptr):
 
 @gluon.jit
 def _tile_ptrs(tile, out_ptr, M, N, stride_om, BN: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr,
-               T0: gl.constexpr = 0):
+               T0: gl.constexpr = 0, SPREAD: gl.constexpr = False):
     """A column tile's [BN, BT] elements of tokens T0 … (mma layout): (in-bounds mask, output pointers, columns,
-    tokens)."""
+    tokens). SPREAD: token t in the even token column 2t, the odd columns out of bounds (see the row buckets)."""
     cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    tok = T0 + gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-    mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0)
+    c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+    tok = T0 + (c // 2 if SPREAD else c)
+    ok = (tok < M) & (c % 2 == 0) if SPREAD else tok < M
+    mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(ok, 0)
     return mask, out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1), cols, tok
 
 
@@ -329,13 +339,13 @@ def _ws_ptrs(ws_ptr, dtype: gl.constexpr, cols, tok, N):
 
 @gluon.jit
 def flush_tile(acc, tile, groups, n_groups, out_ptr, ws_ptr, cnt_ptr, M, N, stride_om, BN: gl.constexpr,
-               BT: gl.constexpr, mma: gl.constexpr):
+               BT: gl.constexpr, mma: gl.constexpr, SPREAD: gl.constexpr = False):
     """The tile's sum over `groups` of its n_groups groups: stored when that is all of them, else added into the
     workspace, and stored by the program whose groups complete the tile's count (as kernels/splitk.store_tile).
     acc is fp64 or int64 fixed point (or fp32, added in fp64): a sum of fp32 partials whose magnitudes lie within
     2^24 of each other is exact in fp64, so the order the programs arrive in does not change the bits (fp32
     atomics made every call's output a little random)."""
-    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma)
+    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma, 0, SPREAD)
     if groups == n_groups:
         gl.store(out, _to_out(acc, out_ptr), mask=mask)
     else:
@@ -371,13 +381,13 @@ def _programs_of(tile, n_groups, P, units):
 
 @gluon.jit
 def flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om, BN: gl.constexpr,
-                 BT: gl.constexpr, mma: gl.constexpr, T0: gl.constexpr = 0):
+                 BT: gl.constexpr, mma: gl.constexpr, T0: gl.constexpr = 0, SPREAD: gl.constexpr = False):
     """As flush_tile for an int64 fixed-point acc, without its counter: a tile no other program shares is stored;
     else acc is added into the workspace with an arrival mark (2^COUNT) per program, and the add that brings an
     element's count to the tile's number of programs returns its total: that thread stores it and zeroes the
     element for the next launch. No fence, barrier or counter round trips (flush_tile's cost 2-3 µs per launch
     at 1-8 rows on the H200); but every add returns a value: at 16 rows flush_tile is faster."""
-    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma, T0)
+    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma, T0, SPREAD)
     programs = _programs_of(tile, n_groups, P, units)
     if programs == 1:
         gl.store(out, _to_out(acc, out_ptr), mask=mask)
@@ -393,11 +403,11 @@ def flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om
 
 @gluon.jit
 def post_tile(acc, tile, n_groups, P, units, out_ptr, M, N, stride_om, BN: gl.constexpr, BT: gl.constexpr,
-              mma: gl.constexpr, T0: gl.constexpr = 0):
+              mma: gl.constexpr, T0: gl.constexpr = 0, SPREAD: gl.constexpr = False):
     """The int64 fixed-point output (zero on entry; its consumer converts and zeroes it: kernels/fixed_sum.py): a
     tile no other program shares is stored, else acc is added by posted atomics — nothing returns, so no program
     waits at the end for a round trip to L2 (flush_marked's cost)."""
-    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma, T0)
+    mask, out, cols, tok = _tile_ptrs(tile, out_ptr, M, N, stride_om, BN, BT, mma, T0, SPREAD)
     if _programs_of(tile, n_groups, P, units) == 1:
         gl.store(out, acc, mask=mask)
     else:
@@ -409,7 +419,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
                       w_layout: gl.constexpr, c_layout: gl.constexpr, ring_layout: gl.constexpr,
                       x_copy: gl.constexpr, x_ring_layout: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr,
                       BT2: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr, SP: gl.constexpr, MARKS: gl.constexpr,
-                      EVEN_N: gl.constexpr, PDL: gl.constexpr, SUM_ONCE: gl.constexpr):
+                      EVEN_N: gl.constexpr, PDL: gl.constexpr, SUM_ONCE: gl.constexpr, SPREAD: gl.constexpr):
     # x [M, K] bf16/fp16 (unit column stride), qw int32 [K/128, N, 16], s [K/128, N], out [M, N] (any float dtype,
     # or int64 fixed-point sums, zero on entry: post_tile); ws fp32 [2·M·N] (used as int64 [M, N]) and cnt int32
     # [tiles] zeroed (kernels/splitk.py). Grid (P,): the tiles · K/128 work units (tile, group), tile-major, are
@@ -434,8 +444,10 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     XT: gl.constexpr = 2 * BT if BT2 > 0 else BT                   # the activations' rows in a stage (x_rows)
     xt = gl.arange(0, XT, layout=gl.SliceLayout(1, x_copy))
     xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_copy))
-    x_ok = gl.expand_dims(xt < M, 1) & gl.expand_dims(xk < 128, 0)
-    x_ptrs = x_ptr + gl.expand_dims(xt, 1).to(gl.int64) * stride_xm + gl.expand_dims(xk, 0)
+    x_tok = xt // 2 if SPREAD else xt                              # SPREAD: token t in stage row 2t
+    x_row_ok = (x_tok < M) & (xt % 2 == 0) if SPREAD else x_tok < M
+    x_ok = gl.expand_dims(x_row_ok, 1) & gl.expand_dims(xk < 128, 0)
+    x_ptrs = x_ptr + gl.expand_dims(x_tok, 1).to(gl.int64) * stride_xm + gl.expand_dims(xk, 0)
     # the scales as SP = BN/2 int32 pairs (with fewer pairs than threads, several threads copy the same pair)
     s_copy: gl.constexpr = gl.BlockedLayout([max(1, SP // (32 * W))], [32], [W], [0])
     sp = gl.arange(0, SP, layout=s_copy)
@@ -481,16 +493,17 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
             tile = u // n_groups
             P = gl.num_programs(0)
             if out_ptr.dtype.element_ty == gl.int64:
-                post_tile(acc, tile, n_groups, P, units, out_ptr, M, N, stride_om, BN, BT, mma)
+                post_tile(acc, tile, n_groups, P, units, out_ptr, M, N, stride_om, BN, BT, mma, 0, SPREAD)
                 if BT2 > 0:
                     post_tile(acc2, tile, n_groups, P, units, out_ptr, M, N, stride_om, BN, BT2, mma, BT)
             elif MARKS:
-                flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om, BN, BT, mma)
+                flush_marked(acc, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om, BN, BT, mma, 0,
+                             SPREAD)
                 if BT2 > 0:
                     flush_marked(acc2, tile, n_groups, P, units, out_ptr, ws_ptr, M, N, stride_om, BN, BT2, mma, BT)
             else:       # (a second token tile takes flush_marked: this counter counts one flush a program)
                 flush_tile(acc, tile, u + 1 - gl.maximum(u_lo, tile * n_groups), n_groups, out_ptr, ws_ptr, cnt_ptr,
-                           M, N, stride_om, BN, BT, mma)
+                           M, N, stride_om, BN, BT, mma, SPREAD)
             acc = gl.zeros([BN, BT], gl.int64, mma)
             if BT2 > 0:
                 acc2 = gl.zeros([BN, A2], gl.int64, mma)
@@ -530,9 +543,20 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # 1-2 per SM, 64 columns at 4 per SM or 256 at 1 12-41% slower; one 32-token tile (a dead n8 tile at 20 rows) qkvz
 # 29.6, gate_up 58.2 at M = 20. In bench/layer_step at B 4 T 5 (same run, us, against the wgmma GEMM at 20 rows):
 # GDN layer 142.9 / 155.3, attention layer at 16k 171.3 / 185.9.
-ROW_BUCKETS = ((1, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True)),
+# M = 9-16 (session 29): 2 warps at 4 per SM (64 columns a warp: the Σx mma and the activations' ldmatrix shared by
+# twice the row blocks; 256 registers, no spills), where 6 had spilled, against 4 warps at 3 per SM (into sums) or
+# 4 (stored), H200, us at M = 9 / 12 / 16, into sums: qkvz+ba 16.9 / 17.0 / 17.5 against 18.4 / 18.6 / 19.0, attn
+# 15.0 / 15.3 / 16.0 against 16.2 / 16.5 / 16.9, gate_up 30.7 / 31.1 / 32.0 against 35.3 / 35.6 / 35.9, down 17.4 /
+# 17.8 / 18.4 against 18.7 / 19.0 / 19.3; stored 5-10% faster alike; 5 per SM (204 registers) spills, 22-60%
+# slower. out_proj, 1,920 units — under 4 a program at 4 per SM — keeps 4 warps (`short`): 2 warps 8.4 / 8.9 / 9.5
+# against 8.1 / 8.6 / 9.1 into sums, and stored 4 warps at 3 per SM beat 4 per SM there (10.6 / 11.5 / 12.3 against
+# 11.3 / 12.1 / 13.2).
+# M = 1-4 spread over the even token columns at 8 per SM (SPREAD, above).
+SHORT_UNITS = 6             # work units a program below which a bucket takes its `short` launch
+ROW_BUCKETS = ((4, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True, spread=True)),
                (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
-               (16, dict(block_n=128, warps=4, stages=2, ctas_per_sm=4, sums_ctas_per_sm=3, marks=False)),
+               (16, dict(block_n=128, warps=2, stages=2, ctas_per_sm=4, marks=False,
+                         short=dict(warps=4, ctas_per_sm=3))),
                (24, dict(block_n=128, warps=4, stages=2, ctas_per_sm=2, marks=True)))
 
 
@@ -543,12 +567,14 @@ def supports(x: torch.Tensor, w: Int4Weight) -> bool:
             and x.stride(-1) == 1)
 
 
-def pick(m: int, n: int, k: int, device, sums: bool = False, **override) -> dict:
-    """Launch parameters for m rows: the bucket's tile, the CTAs per SM that fit (into int64 sums, the bucket's
-    sums_ctas_per_sm where it has one), and one program per resident CTA (at most one per work unit)."""
-    p = dict(next(p for bound, p in ROW_BUCKETS if m <= bound))
-    sums_ctas = p.pop("sums_ctas_per_sm", p["ctas_per_sm"])
-    p["ctas_per_sm"] = sums_ctas if sums else p["ctas_per_sm"]
+def pick(m: int, n: int, k: int, device, **override) -> dict:
+    """Launch parameters for m rows: the bucket's tile (its `short` launch where the work units would give each
+    program fewer than SHORT_UNITS), the CTAs per SM that fit, and one program per resident CTA (at most one per
+    work unit). The same whether the output is stored or left as int64 sums."""
+    p = {"spread": False, **next(p for bound, p in ROW_BUCKETS if m <= bound)}
+    short = p.pop("short", None)
+    if short and triton.cdiv(n, p["block_n"]) * (k // 128) < SHORT_UNITS * p["ctas_per_sm"] * gpu.num_sms(device):
+        p.update(short)
     p.update(override)
     stage = p["block_n"] * 66 + x_rows(m) * 256                        # words, scales, activations
     ring_bytes = p["stages"] * stage + 1024                           # + the 1 KiB the GPU reserves per CTA
@@ -560,13 +586,13 @@ def pick(m: int, n: int, k: int, device, sums: bool = False, **override) -> dict
 
 def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = None, warps: int = None,
               programs: int = None, stages: int = None, ctas_per_sm: int = None, marks: bool = None,
-              sum_once: bool = None) -> torch.Tensor:
+              spread: bool = None, sum_once: bool = None) -> torch.Tensor:
     """x [..., K] (≤ MAX_ROWS rows, bf16/fp16) → out [..., N] (any float dtype; or, from bf16 x, int64 zeros that
     receive the fixed-point sums for a consumer to convert: kernels/fixed_sum.py); launch parameters default to
-    pick() (marks: flush_marked, else flush_tile; neither for int64 sums). sum_once: Σx as one m16 mma block per
-    warp (_group_product), by default below sm_90, whose compiler does not share the ones mma itself (SASS, sm_86:
-    64 / 64 / 96 HMMA a group and warp at 1-8 / 9-16 / 17-24 rows, with it 40 / 48 / 72 as sm_90's); bitwise the
-    same sums either way."""
+    pick() (marks: flush_marked, else flush_tile; neither for int64 sums; spread: token t in token column 2t, up to 4
+    rows). sum_once: Σx as one m16 mma block per warp (_group_product), by default below sm_90, whose compiler does
+    not share the ones mma itself (SASS, sm_86: 64 / 64 / 96 HMMA a group and warp at 1-8 / 9-16 / 17-24 rows, with
+    it 40 / 48 / 72 as sm_90's); bitwise the same sums either way."""
     k, n = w.k, w.n
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
@@ -574,8 +600,8 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
     assert m <= MAX_ROWS and x2.stride(-1) == 1 and out2.stride(-1) == 1 and n % 8 == 0 and k % 128 == 0
     assert not deferred(out) or x.dtype == torch.bfloat16, "int64 sums stand for bf16 activations"
     given = {key: v for key, v in dict(block_n=block_n, warps=warps, programs=programs, stages=stages,
-                                       ctas_per_sm=ctas_per_sm, marks=marks).items() if v is not None}
-    p = pick(m, n, k, x.device, deferred(out), **given)
+                                       ctas_per_sm=ctas_per_sm, marks=marks, spread=spread).items() if v is not None}
+    p = pick(m, n, k, x.device, **given)
     pdl = gpu.pdl(x.device)
     bt, bt2 = token_tile(m)
     assert not bt2 or p["marks"] or deferred(out), "a second token tile needs flush_marked or int64 sums"
@@ -587,6 +613,6 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
         x2, w.qweight, w.scales, out2, ws, cnt, m, n, k, x2.stride(0), out2.stride(0),
         w_layout, c_layout, ring_layout, x_copy, x_ring_layout, p["block_n"], bt, bt2, p["warps"], p["stages"],
         p["block_n"] // 2, p["marks"], n % p["block_n"] == 0, pdl,
-        gpu.capability(x.device) < (9, 0) if sum_once is None else sum_once,
+        gpu.capability(x.device) < (9, 0) if sum_once is None else sum_once, p["spread"],
         num_warps=p["warps"], launch_pdl=pdl, maxnreg=65536 // (p["ctas_per_sm"] * p["warps"] * 32))
     return out

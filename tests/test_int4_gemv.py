@@ -68,16 +68,17 @@ def test_int4_gemv_27b_shapes(m, n, k):
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)
 def test_int4_gemv_width_invariant(n, k):
-    """Each token's output is bitwise the same alone (decode) or among 5, 8, 16, 17 or 24 (verify steps: every row
-    bucket, each its own launch geometry, token tiles and K ranges), and run to run."""
+    """Each token's output is bitwise the same alone (decode) or among 2, 4, 5, 8, 16, 17 or 24 (verify steps: every
+    row bucket, each its own launch geometry, token tiles — spread over the even token columns up to 4 rows — and K
+    ranges), and run to run."""
     x, w, _ = case(24, n, k, torch.bfloat16, torch.float16, n + k)
     outs = {}
-    for m in (1, 5, 8, 16, 17, 24):
+    for m in (1, 2, 4, 5, 8, 16, 17, 24):
         outs[m] = torch.empty(m, n, dtype=torch.float32, device="cuda")
         int4_gemv(x[:m], w, outs[m])
     again = torch.empty(24, n, dtype=torch.float32, device="cuda")
     int4_gemv(x, w, again)
-    for m in (1, 5, 8, 16, 17):
+    for m in (1, 2, 4, 5, 8, 16, 17):
         assert torch.equal(outs[m], outs[24][:m]), m
     assert torch.equal(outs[24], again)
     for t in (11, 20):                                                  # in the first token tile, in the second
@@ -96,6 +97,19 @@ def test_int4_gemv_sum_once_same_bits(n, k):
             outs = [torch.zeros(m, n, dtype=dtype, device="cuda") for _ in range(2)]
             for out, once in zip(outs, (False, True)):
                 int4_gemv(x[:m], w, out, sum_once=once)
+            assert torch.equal(outs[0], outs[1]), (m, dtype)
+
+
+@pytest.mark.parametrize("n,k", SHAPES_27B)
+def test_int4_gemv_spread_same_bits(n, k):
+    """Tokens spread over the even token columns (the launch up to 4 rows) give the sums of the packed columns bit
+    for bit, stored and into int64 sums."""
+    x, w, _ = case(4, n, k, torch.bfloat16, torch.float16, 7 * n + k)
+    for m in (1, 2, 3, 4):
+        for dtype in (torch.bfloat16, torch.int64):
+            outs = [torch.zeros(m, n, dtype=dtype, device="cuda") for _ in range(2)]
+            for out, spread in zip(outs, (False, True)):
+                int4_gemv(x[:m], w, out, spread=spread)
             assert torch.equal(outs[0], outs[1]), (m, dtype)
 
 
