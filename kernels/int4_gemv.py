@@ -74,7 +74,7 @@ bitwise the same sums): every shape within ±0.1 µs at M = 1-8, still 150 regis
 odd token columns are never stored, so the compiler drops their sums), and 7-8 CTAs per SM at M = 2-8 still
 slower (qkvz M = 5 16.1 / 20.2 against 15.8 µs). Why M = 1 is faster than 2-5 (session 20): a row count of 1 is
 specialised, so the n8 tile's odd token columns are dead and half of each group's fixed-point conversions (F2I.S64)
-and int64 adds go (8 a thread instead of 16; SASS). So up to 4 rows the tokens are spread over the even token
+and int64 adds go (8 a thread instead of 16; SASS). So up to 4 rows the tokens can be spread over the even token
 columns (SPREAD: token t in column 2t of the n8 tile, its activations in stage row 2t; the odd columns masked, so
 the compiler drops their sums as at M = 1: 120-125 registers, 8 CTAs per SM; each column's mma is its token's own,
 so the bits are those of any other width). H200, into sums, M = 2 / 3 / 4 against 6 CTAs unspread, same run, us:
@@ -82,6 +82,10 @@ qkvz 11.6 / 11.8 / 12.0 against 13.1 / 13.2 / 13.2, attn 11.1 / 11.2 / 11.2 agai
 23.6 / 23.8 / 24.0 against 24.3 / 24.5 / 24.5, down 12.7 / 13.0 / 13.6 against 13.0 / 13.1 / 13.1, out_proj 6.4 /
 6.9 / 6.7 against 6.5 / 6.6 / 6.6 (those two, whose 40 column tiles are each shared by ~26 programs at 8 CTAs per SM,
 post more atomics; stored bf16 they too gain or tie); spread at 6 CTAs per SM is slower than unspread (qkvz 14.7).
+Inside a whole step (bench/step.py, session 29, against the previous run) the 3-4-row gains did not show (B1 with
+3 drafts, 4 rows: 6,100 against 6,093 us; with 2 drafts 5,826 against 5,846) while down lost its 80% at 4 rows
+alone (13.6 us: 0.79), so only 1-2 rows spread (B2 decoding 5,457 against 5,512 us, B1 with one draft 5,472
+against 5,518).
 H200, into sums, M = 5, us against this kernel: the sums kept
 in fp32 within a tile segment and converted once (order-dependent bits: timing only) qkvz 13.10 / 13.40, attn 11.29
 / 11.78, out_proj 6.76 / 6.86, down 13.23 / 13.70 (qkvz at 8 CTAs per SM 12.33 / 13.07); the posted atomics left
@@ -551,9 +555,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 # slower. out_proj, 1,920 units — under 4 a program at 4 per SM — keeps 4 warps (`short`): 2 warps 8.4 / 8.9 / 9.5
 # against 8.1 / 8.6 / 9.1 into sums, and stored 4 warps at 3 per SM beat 4 per SM there (10.6 / 11.5 / 12.3 against
 # 11.3 / 12.1 / 13.2).
-# M = 1-4 spread over the even token columns at 8 per SM (SPREAD, above).
+# M = 1-2 spread over the even token columns at 8 per SM (SPREAD, above; 3-4 rows are not: see there).
 SHORT_UNITS = 6             # work units a program below which a bucket takes its `short` launch
-ROW_BUCKETS = ((4, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True, spread=True)),
+ROW_BUCKETS = ((2, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True, spread=True)),
                (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
                (16, dict(block_n=128, warps=2, stages=2, ctas_per_sm=4, marks=False,
                          short=dict(warps=4, ctas_per_sm=3))),
@@ -589,8 +593,8 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, block_n: int = 
               spread: bool = None, sum_once: bool = None) -> torch.Tensor:
     """x [..., K] (≤ MAX_ROWS rows, bf16/fp16) → out [..., N] (any float dtype; or, from bf16 x, int64 zeros that
     receive the fixed-point sums for a consumer to convert: kernels/fixed_sum.py); launch parameters default to
-    pick() (marks: flush_marked, else flush_tile; neither for int64 sums; spread: token t in token column 2t, up to 4
-    rows). sum_once: Σx as one m16 mma block per warp (_group_product), by default below sm_90, whose compiler does
+    pick() (marks: flush_marked, else flush_tile; neither for int64 sums; spread: token t in token column 2t, 4 rows at
+    most). sum_once: Σx as one m16 mma block per warp (_group_product), by default below sm_90, whose compiler does
     not share the ones mma itself (SASS, sm_86: 64 / 64 / 96 HMMA a group and warp at 1-8 / 9-16 / 17-24 rows, with
     it 40 / 48 / 72 as sm_90's); bitwise the same sums either way."""
     k, n = w.k, w.n

@@ -69,7 +69,7 @@ def test_int4_gemv_27b_shapes(m, n, k):
 @pytest.mark.parametrize("n,k", SHAPES_27B)
 def test_int4_gemv_width_invariant(n, k):
     """Each token's output is bitwise the same alone (decode) or among 2, 4, 5, 8, 16, 17 or 24 (verify steps: every
-    row bucket, each its own launch geometry, token tiles — spread over the even token columns up to 4 rows — and K
+    row bucket, each its own launch geometry, token tiles — spread over the even token columns at 1-2 rows — and K
     ranges), and run to run."""
     x, w, _ = case(24, n, k, torch.bfloat16, torch.float16, n + k)
     outs = {}
@@ -102,8 +102,8 @@ def test_int4_gemv_sum_once_same_bits(n, k):
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)
 def test_int4_gemv_spread_same_bits(n, k):
-    """Tokens spread over the even token columns (the launch up to 4 rows) give the sums of the packed columns bit
-    for bit, stored and into int64 sums."""
+    """Tokens spread over the even token columns (the launch at 1-2 rows; up to 4 fit) give the sums of the packed
+    columns bit for bit, stored and into int64 sums."""
     x, w, _ = case(4, n, k, torch.bfloat16, torch.float16, 7 * n + k)
     for m in (1, 2, 3, 4):
         for dtype in (torch.bfloat16, torch.int64):
