@@ -61,7 +61,7 @@ def launches():
         w = Int4Weight(empty(k // 128, n, 16, dtype=torch.int32), empty(k // 128, n, dtype=torch.float16))
         for m in rows_m:
             int4_linear.int4_linear(empty(m, k), w)
-        for m in (1, 3, 5, 16, 20):                 # the GPU's path for these (int4_linear picks it on CUDA only)
+        for m in (1, 2, 5, 16, 20):                 # the GPU's path for these (int4_linear picks it on CUDA only)
             int4_gemv.int4_gemv(empty(m, k), w, empty(m, n))
             int4_gemv.int4_gemv(empty(m, k), w, empty(m, n, dtype=torch.int64))     # deferred sums
         if gpu.capability(None) >= (9, 0):
