@@ -40,6 +40,12 @@ def _least(rows, kernel, shapes):
     return None if None in values else min(values)
 
 
+def _weakest(rows, kernel, shapes):
+    """The rows (" M=…") where the least fraction over those shapes falls: the GEMV targets' note."""
+    least = _least(rows, kernel, shapes)
+    return "" if least is None else ", ".join(s.rsplit(" ", 1)[1] for s in shapes if _value(rows, kernel, s) == least)
+
+
 def _check(name, goal, value, floor=None, note=""):
     """One line of the table; goal '>= x' or '< x'; value None: the run has no such row."""
     op, bound = goal.split()
@@ -58,7 +64,8 @@ def evaluate(rows: list) -> list:
         stored = _least(rows, GEMV_STORED, m15)
         out.append(_check(f"int4 GEMV {shape}, M 1-5 (least)", ">= 0.80", _least(rows, GEMV, m15),
                           _value(rows, "read floor", f"{shape} M=1 bytes"),
-                          "" if stored is None else f"stored bf16: {stored:.3f}"))
+                          f"least at {_weakest(rows, GEMV, m15)}" + ("" if stored is None else
+                                                                     f"; stored bf16: {stored:.3f}")))
     out.append(_check("int8 lm_head GEMV, M 1-5 (least)", ">= 0.85",
                       _least(rows, "int8_linear", [f"lm_head 248320x5120 M={m}" for m in range(1, 6)])))
     for shape in linears:

@@ -26,6 +26,7 @@ def test_targets_met_missed_and_missing():
     checks = by_target(targets.evaluate(rows_with(gemv_us=4.2, attn_16k_us=20.0)))
     gemv = checks["int4 GEMV out_proj 5120x6144, M 1-5 (least)"]
     assert gemv["status"] == "met" and gemv["floor"] == 0.7          # the least over M 1-5: M = 5, 4.7 us
+    assert gemv["note"].startswith("least at M=5; stored bf16: ")
     gemm = checks["int4 GEMM out_proj 5120x6144, M 320: cuBLAS bf16 time / ours"]
     assert gemm["status"] == "met" and gemm["note"] == "W4A8: 1.09 (kernel, operand order), 1.05 (w4a8_linear)"
     assert checks["verify attention B1 q5 16k fp8"]["status"] == "missed"
