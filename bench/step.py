@@ -83,11 +83,8 @@ class Step:
             self.mtp.step()
             add_rmsnorm(self.mtp.x, self.mtp.res, self.norm_w, eps, h=self.mtp.res, y=self.d_y)
             int8_linear(self.d_y, self.draft_head, out=self.draft_logits[:, i])
-            ids, desc = sample_drafts(self.draft_logits[:, i], self.params, self.seed, self.offset, self.draft_ws,
-                                      d2t=self.d2t)
-            self.draft_ids[:, i].copy_(ids)
-            self.draft_desc[:, i].copy_(desc)
-            tok = ids
+            tok, _ = sample_drafts(self.draft_logits[:, i], self.params, self.seed, self.offset, self.draft_ws,
+                                   d2t=self.d2t, out=(self.draft_ids[:, i], self.draft_desc[:, i]))
 
     def verify(self):
         """The verify pass at B·(k+1) rows (k = 0: a decode step and its sampling)."""

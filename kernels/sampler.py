@@ -494,7 +494,7 @@ def _candidates(cv, ci, n, kact, pact, rank, p, M, Z, above, seed, r, off):
 @triton.jit
 def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV, pmax_ptr, psum_ptr, parg_ptr, NB,
                     NPROG, st_ptr, cand_n_ptr, cand_val_ptr, cand_idx_ptr, zs_ptr, best_ptr, best_idx_ptr,
-                    seed_ptr, offset_ptr, ticket_ptr, n_rows, d2t_ptr, ids_ptr, desc_ptr,
+                    seed_ptr, offset_ptr, ticket_ptr, n_rows, d2t_ptr, ids_ptr, ids_stride, desc_ptr, desc_stride,
                     NLEV: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr,
                     BLOCK: tl.constexpr, NBP: tl.constexpr, HAS_D2T: tl.constexpr, ADVANCE: tl.constexpr,
                     PDL: tl.constexpr):
@@ -547,11 +547,11 @@ def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
                                                 BLOCK)
     if HAS_D2T:   # reduced draft vocabulary: target id = draft id + d2t[draft id]
         tok += tl.load(d2t_ptr + tok)
-    tl.store(ids_ptr + r, tok)
-    tl.store(desc_ptr + r * 4 + 0, tl.where(sampled, inv_t, 0.0))
-    tl.store(desc_ptr + r * 4 + 1, M)
-    tl.store(desc_ptr + r * 4 + 2, tau)
-    tl.store(desc_ptr + r * 4 + 3, zs)
+    tl.store(ids_ptr + r * ids_stride, tok)
+    tl.store(desc_ptr + r * desc_stride + 0, tl.where(sampled, inv_t, 0.0))
+    tl.store(desc_ptr + r * desc_stride + 1, M)
+    tl.store(desc_ptr + r * desc_stride + 2, tau)
+    tl.store(desc_ptr + r * desc_stride + 3, zs)
     if ADVANCE:
         _advance(offset_ptr, off, ticket_ptr, n_rows)
 
@@ -656,14 +656,19 @@ def _programs(rows, nb, device):
 
 
 def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace = None, *, rows_per_param=1,
-           d2t=None, advance=True):
+           d2t=None, advance=True, out=None):
     """logits [R, V] -> (ids [R] int32, desc [R, 4]). seed, offset: int64 [1] device tensors; offset += 1 on
     device when `advance`. d2t (reduced draft vocabulary): ids are mapped to target ids, desc stays in draft
-    space. Graph-safe when `ws` is passed (views of its buffers are returned)."""
+    space. Graph-safe when `ws` is passed (views of its buffers are returned). out: (ids [R] int32, desc [R, 4]
+    fp32, its last dim contiguous) written instead, any row strides — e.g. step i's column of [B, k] drafts and
+    [B, k, 4] descriptors, with no copy after."""
     R, V = logits.shape
     assert logits.stride(1) == 1
     ws = ws or SamplerWorkspace(R, V, logits.device)
     assert R <= ws.rows and V == ws.vocab
+    ids, desc = out or (ws.ids[:R], ws.desc[:R])
+    assert ids.shape == (R,) and ids.dtype == torch.int32 and desc.shape == (R, 4) and desc.stride(1) == 1
+    assert desc.dtype == torch.float32
     c, nb, nbp = ws.cfg, ws.nb, ws.nbp
     rows = (logits, logits.stride(0), V, params.temperature, params.top_k, params.top_p, rows_per_param)
     wide = 1 if gpu.INTERPRET else 8
@@ -680,16 +685,17 @@ def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace =
                                 NLEV=c.levels, P=c.pivots, CAP=c.cap, BLOCK=c.block, NBP=nbp, num_warps=4, **pdl)
     _resolve_kernel[(R,)](*rows, ws.pmax, ws.psum, ws.parg, nb, nprog, ws.state, ws.cand_n, ws.cand_val,
                           ws.cand_idx, ws.zs, ws.best, ws.best_idx, seed, offset, ws.ticket, R,
-                          ws.ids if d2t is None else d2t, ws.ids, ws.desc,
+                          ids if d2t is None else d2t, ids, ids.stride(0), desc, desc.stride(0),
                           NLEV=c.levels, CAP=c.cap, SMALL=max(c.cap // 8, 2), TINY=max(c.cap // 32, 2), BLOCK=c.block,
                           NBP=nbp, HAS_D2T=d2t is not None, ADVANCE=advance, num_warps=wide, **pdl)
-    return ws.ids[:R], ws.desc[:R]
+    return ids, desc
 
 
-def sample_drafts(draft_logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace = None, d2t=None):
+def sample_drafts(draft_logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace = None, d2t=None,
+                  out=None):
     """Drafts from the request's truncated distribution (ENGINE.md §2): (target-space ids [R], q descriptors [R, 4]).
-    Keep the descriptors of the k steps as [B, k, 4] for rejection_sample."""
-    return sample(draft_logits, params, seed, offset, ws, d2t=d2t)
+    Keep the descriptors of the k steps as [B, k, 4] for rejection_sample (out: write them there, as `sample`)."""
+    return sample(draft_logits, params, seed, offset, ws, d2t=d2t, out=out)
 
 
 def target_to_draft(d2t, vocab):

@@ -82,6 +82,8 @@ def test_int8_embedding(odt):
     tol = ref.abs() * 2**-7 if odt == torch.bfloat16 else 1e-6
     assert bool(((out.float() - ref).abs() <= tol).all())
     assert int8_embedding(ids[0, :0], w).shape == (0, 300)
+    column = torch.tensor([[7, 3, 0], [41, 9, 2]], dtype=torch.int32, device=DEV)[:, 1]    # strided: step 1's drafts
+    assert torch.equal(int8_embedding(column, w, out_dtype=torch.float32), dequantize_int8(w)[column.long()])
 
 
 @pytest.fixture(scope="module")

@@ -189,6 +189,23 @@ def test_sample_drafts_maps_reduced_vocabulary():
     assert (t2d >= 0).sum() == Vd
 
 
+def test_sample_drafts_into_given_slices():
+    """out: step i's column of [R, k] drafts and [R, k, 4] descriptors written in place — the workspace's outputs
+    bit for bit, the other columns (poisoned) untouched."""
+    R, V, K = 6, 64, 3
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(R, V, generator=g).to(DEV)
+    params = S.SamplingTensors.of([0.0, 1.0, 0.7, 1.0, 0.0, 1.3], [0, 5, 0, 3, 0, 0], [1.0, 0.9, 1.0, 1.0, 1.0, 0.8],
+                                  DEV)
+    ids, desc = (t.clone() for t in S.sample_drafts(logits, params, *rng(), S.SamplerWorkspace(R, V, DEV, SMALL)))
+    drafts = torch.full((R, K), -7, dtype=torch.int32, device=DEV)
+    descs = torch.full((R, K, 4), float("nan"), device=DEV)
+    got = S.sample_drafts(logits, params, *rng(), S.SamplerWorkspace(R, V, DEV, SMALL), out=(drafts[:, 1], descs[:, 1]))
+    assert got[0].data_ptr() == drafts[:, 1].data_ptr() and got[1].data_ptr() == descs[:, 1].data_ptr()
+    assert torch.equal(drafts[:, 1], ids) and torch.equal(descs[:, 1], desc)
+    assert (drafts[:, [0, 2]] == -7).all() and descs[:, [0, 2]].isnan().all()
+
+
 def speculate(target_logits, draft_logits, params, cfg, seed=0, d2t=None):
     """Draft k tokens per sequence with sample_drafts, then verify them with rejection_sample."""
     B, K1, V = target_logits.shape
