@@ -325,14 +325,20 @@ def _to_out(v, out_ptr):
 
 
 @gluon.jit
+def _token_of(c, M, T0: gl.constexpr, SPREAD: gl.constexpr):
+    """Token column c of a tile of tokens T0 … (or activation row c of a ring stage) → (its token, whether that is
+    one of the M): token T0 + c, or with SPREAD token T0 + c / 2 in the even columns only (see the row buckets)."""
+    tok = T0 + (c // 2 if SPREAD else c)
+    return tok, (tok < M) & (c % 2 == 0) if SPREAD else tok < M
+
+
+@gluon.jit
 def _tile_ptrs(tile, out_ptr, M, N, stride_om, BN: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr,
                T0: gl.constexpr = 0, SPREAD: gl.constexpr = False):
-    """A column tile's [BN, BT] elements of tokens T0 … (mma layout): (in-bounds mask, output pointers, columns,
-    tokens). SPREAD: token t in the even token column 2t, the odd columns out of bounds (see the row buckets)."""
+    """A column tile's [BN, BT] elements of tokens T0 … (mma layout; SPREAD: _token_of): (in-bounds mask, output
+    pointers, columns, tokens)."""
     cols = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-    tok = T0 + (c // 2 if SPREAD else c)
-    ok = (tok < M) & (c % 2 == 0) if SPREAD else tok < M
+    tok, ok = _token_of(gl.arange(0, BT, layout=gl.SliceLayout(0, mma)), M, T0, SPREAD)
     mask = gl.expand_dims(cols < N, 1) & gl.expand_dims(ok, 0)
     return mask, out_ptr + gl.expand_dims(tok, 0) * stride_om + gl.expand_dims(cols, 1), cols, tok
 
@@ -450,8 +456,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     XT: gl.constexpr = 2 * BT if BT2 > 0 else BT                   # the activations' rows in a stage (x_rows)
     xt = gl.arange(0, XT, layout=gl.SliceLayout(1, x_copy))
     xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_copy))
-    x_tok = xt // 2 if SPREAD else xt                              # SPREAD: token t in stage row 2t
-    x_row_ok = (x_tok < M) & (xt % 2 == 0) if SPREAD else x_tok < M
+    x_tok, x_row_ok = _token_of(xt, M, 0, SPREAD)                   # SPREAD: token t in stage row 2t
     x_ok = gl.expand_dims(x_row_ok, 1) & gl.expand_dims(xk < 128, 0)
     x_ptrs = x_ptr + gl.expand_dims(x_tok, 1).to(gl.int64) * stride_xm + gl.expand_dims(xk, 0)
     # the scales as SP = BN/2 int32 pairs (with fewer pairs than threads, several threads copy the same pair)
