@@ -208,20 +208,22 @@ def _block_ptrs(base, stride, r0, t0, BM: gl.constexpr, mma: gl.constexpr):
 
 
 @gluon.jit
-def _store(acc, acc2, out_ptr, sa_ptr, M, N, stride_om, c0, m0, BM: gl.constexpr, BM2: gl.constexpr,
-           mma: gl.constexpr, mma2: gl.constexpr, A8: gl.constexpr):
-    """A consumer's [64, BM (+ BM2)] block of the output from column c0 and token m0 (W4A8: times the tokens'
-    activation scales)."""
+def _store_block(acc, out_ptr, sa_ptr, M, N, stride_om, c0, m0, BM: gl.constexpr, mma: gl.constexpr,
+                 A8: gl.constexpr):
+    """[64, BM] of the output from column c0 and token m0 (W4A8: times the tokens' activation scales)."""
     ptrs, cols, tok = _block_ptrs(out_ptr, stride_om, c0, m0, BM, mma)
     if A8:
         acc = acc * gl.expand_dims(gl.load(sa_ptr + tok, mask=tok < M, other=0.0), 0)
     gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
+
+
+@gluon.jit
+def _store(acc, acc2, out_ptr, sa_ptr, M, N, stride_om, c0, m0, BM: gl.constexpr, BM2: gl.constexpr,
+           mma: gl.constexpr, mma2: gl.constexpr, A8: gl.constexpr):
+    """A consumer's [64, BM (+ BM2)] block of the output from column c0 and token m0."""
+    _store_block(acc, out_ptr, sa_ptr, M, N, stride_om, c0, m0, BM, mma, A8)
     if BM2 > 0:
-        ptrs, cols, tok = _block_ptrs(out_ptr, stride_om, c0, m0 + BM, BM2, mma2)
-        if A8:
-            acc2 = acc2 * gl.expand_dims(gl.load(sa_ptr + tok, mask=tok < M, other=0.0), 0)
-        gl.store(ptrs, acc2.to(out_ptr.dtype.element_ty),
-                 mask=gl.expand_dims(cols < N, 1) & gl.expand_dims(tok < M, 0))
+        _store_block(acc2, out_ptr, sa_ptr, M, N, stride_om, c0, m0 + BM, BM2, mma2, A8)
 
 
 @gluon.jit
