@@ -45,10 +45,13 @@ def _causal_conv1d_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, num_acc_ptr, y_ptr
                           K: tl.constexpr, M: tl.constexpr, MP: tl.constexpr, HAS_NA: tl.constexpr,
                           BL: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr):
     # x/y tile [BL tokens, BC channels]; state tile [BC, MP] of a [C, M] per-sequence state
-    pdl_wait(PDL)
     bi = tl.program_id(0)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     cm = c < C
+    ws = ()                                         # the taps, read before the wait: no kernel of the step writes them
+    for j in tl.static_range(K):
+        ws = ws + (tl.load(w_ptr + c * sw_c + j * sw_k, mask=cm, other=0.0).to(tl.float32),)
+    pdl_wait(PDL)
     t = tl.program_id(2) * BL + tl.arange(0, BL)
     tm = t < L
     slot = tl.load(slots_ptr + bi)
@@ -66,8 +69,7 @@ def _causal_conv1d_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, num_acc_ptr, y_ptr
         xv = fixed_sum.load(xb + p[:, None] * sx_t + c[None, :], ((p >= 0) & tm)[:, None] & cm[None, :])
         hv = tl.load(sb + c[None, :] * M + (off + K - 1 + p)[:, None],
                      mask=((p < 0) & tm)[:, None] & cm[None, :] & valid, other=0.0)
-        w = tl.load(w_ptr + c * sw_c + j * sw_k, mask=cm, other=0.0).to(tl.float32)
-        acc += (xv + hv.to(tl.float32)) * w[None, :]
+        acc += (xv + hv.to(tl.float32)) * ws[j][None, :]
     y = acc * tl.sigmoid(acc)
     tl.store(y_ptr + bi * sy_b + t[:, None] * sy_t + c[None, :], y.to(y_ptr.dtype.element_ty),
              mask=tm[:, None] & cm[None, :])
