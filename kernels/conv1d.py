@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu, fixed_sum
-from kernels.device import pdl_args, pdl_wait
+from kernels.device import check_dense, pdl_args, pdl_wait
 
 
 def causal_conv1d_reference(x, weight, conv_state, conv_slots, num_accepted=None):
@@ -100,7 +100,9 @@ def causal_conv1d(x, weight, conv_state, conv_slots, num_accepted=None, out=None
     K, M = weight.shape[1], conv_state.shape[2]
     assert weight.shape[0] == C and conv_state.shape[1] == C and M >= K - 1 and conv_slots.shape == (B,)
     assert x.stride(-1) == 1 and conv_state.stride(2) == 1 and conv_state.stride(1) == M
+    check_dense("causal_conv1d", conv_slots=conv_slots, num_accepted=num_accepted)
     y = torch.empty(x.shape, dtype=fixed_sum.activation_dtype(x), device=x.device) if out is None else out
+    assert y.shape == x.shape and y.stride(-1) == 1, f"causal_conv1d: out {tuple(y.shape)} with unit channel stride"
     bl = min(64, triton.next_power_of_2(L))        # verify: one token tile; prefill: tiles of 64 (>= K - 1)
     block_c = block_c or gpu.filling_tile((128, 64, 32), lambda c: B * triton.cdiv(C, c) * triton.cdiv(L, bl),
                                           x.device)

@@ -41,6 +41,15 @@ def smem_per_sm(dev: torch.device) -> int:
     return torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
 
 
+def check_dense(where: str, **tensors) -> None:
+    """Each tensor given (None: skipped) must be contiguous: `where`'s kernel indexes it as dense rows, so a view (a
+    column of a [B, n] table, a slice of a wider buffer) would be read or written at the wrong elements, silently.
+    AssertionError naming the argument, as the wrappers' other checks."""
+    for name, t in tensors.items():
+        assert t is None or t.is_contiguous(), \
+            f"{where}: {name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})"
+
+
 def filling_tile(tiles, programs, dev: torch.device, per_sm: int = 2):
     """The first of `tiles` (widest first) whose launch of programs(tile) programs still puts per_sm on every SM;
     else the last: the narrowest that small batches need to spread their bytes, without the many small programs

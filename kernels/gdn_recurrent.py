@@ -228,7 +228,9 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     dk_major = dk_fastest(state, HV, DK, DV)
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and a.stride(-1) == b.stride(-1) == 1
     assert state_slots.stride(-1) == 1 and HV % HK == 0
+    gpu.check_dense("gdn_verify", num_accepted=num_accepted)
     o = torch.empty(B, T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
+    assert o.shape == (B, T, HV, DV) and o.stride(-1) == 1, f"gdn_verify: out {tuple(o.shape)}, unit last stride"
     proj_dot = bool(proj_dot)
     # Launch table (H200, T = 5, bench/kernels_gdn.py --sweep). The token-by-token scheme runs as the Gluon kernel
     # (kernels/gdn_recurrent_gluon.py, its own launch table) wherever a GPU runs it: with its first layout it was

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.device import pdl_args, pdl_wait
+from kernels.device import check_dense, pdl_args, pdl_wait
 from kernels.fp8 import e4m3_encode, encode_e4m3_ref
 
 
@@ -72,6 +72,8 @@ def cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, hkv: int
     assert v_cache.shape == k_cache.shape and k_cache.stride(-1) == 1, "caches: same shape, K head dim contiguous"
     assert k_cache.shape[1] == hkv and k_cache.shape[3] == head_dim, f"caches: shape {tuple(k_cache.shape)}"
     fp8 = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)
+    check_dense("KV cache arguments", cache_rows=cache_rows, kv_lens=kv_lens,
+                k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None)
     if fp8:
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     else:

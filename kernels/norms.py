@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels import fixed_sum
-from kernels.device import filling_tile, pdl_args, pdl_wait
+from kernels.device import check_dense, filling_tile, pdl_args, pdl_wait
 from kernels.kv_write import cache_args, store_token
 from layers.model import apply_rope, gated_rms_norm, rms_norm_1p
 
@@ -258,7 +258,8 @@ def _silu_mul_int8_kernel(g_ptr, u_ptr, amax_ptr, q_ptr, s_ptr, I, g_stride, u_s
 
 
 # ------------------------------------------------------------------------------------------- host side
-# Outputs may be passed in (graph capture: no allocation in the hot call); missing ones are allocated.
+# Outputs may be passed in (graph capture: no allocation in the hot call); missing ones are allocated. The kernels
+# write them as dense rows (each wrapper checks the given ones: check_dense).
 def _buf(t, shape, dtype, device):
     return t if t is not None else torch.empty(shape, dtype=dtype, device=device)
 
@@ -280,6 +281,7 @@ def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None
     alone, yet bench/layer_step at B1 T5 GDN / attention layer 82.7 / 90.7 against 82.9 / 92.1 µs and B4 ~1 µs
     slower; and that per-row path on 4 warps took 10.5 against 3.5 µs at T 64 (a wide row wants one 16-warp pass)."""
     T, H = x.shape
+    check_dense("add_rmsnorm", x=x, residual=residual, h=h, y=y, q=q, s=s)
     assert residual is not None or not fixed_sum.deferred(x), "int64 sums are added to a residual"
     _check_a8_order(a8_order, quant, H)
     dt = fixed_sum.activation_dtype(x)
@@ -304,6 +306,7 @@ def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None,
     T, NH, D = x.shape
     assert x.is_contiguous() and z.shape == x.shape and z.stride(2) == 1 and z.stride(1) == D
     assert clear is None or (fixed_sum.deferred(clear) and clear.shape[0] == T and clear.stride(1) == 1)
+    check_dense("gated_rmsnorm", y=y, q=q, s=s)
     _check_a8_order(a8_order, quant, NH * D)
     y = _buf(y, (T, NH, D), x.dtype, x.device)
     q, s = (_buf(q, (T, NH * D), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
@@ -336,6 +339,7 @@ def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=F
     assert qg.stride(1) == 1 and k.stride(1) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
     assert qg.dtype == k.dtype and (v is None or v.dtype == k.dtype)
     assert kv is not None or not fixed_sum.deferred(qg), "int64 sums: v is read (and cleared) with the KV write"
+    check_dense("qk_norm_rope", q=q, k_out=k_out, gate=gate)
     dt = fixed_sum.activation_dtype(qg)
     q = _buf(q, (T, heads, D), dt, qg.device)
     gate = _buf(gate, (T, heads, D), dt, qg.device)
@@ -364,6 +368,7 @@ def silu_mul(gate, up, quant=False, write_y=True, y=None, q=None, s=None, amax=N
     T, I = gate.shape
     assert gate.stride(1) == 1 and up.stride(1) == 1 and (write_y or quant) and gate.dtype == up.dtype
     _check_a8_order(a8_order, quant, I)
+    check_dense("silu_mul", y=y, q=q, s=s, amax=amax)
     block = min(block, triton.next_power_of_2(I))
     nch = triton.cdiv(I, block)
     y = _buf(y, (T, I), fixed_sum.activation_dtype(gate), gate.device) if write_y else None

@@ -664,6 +664,7 @@ def sample(logits, params: SamplingTensors, seed, offset, ws: SamplerWorkspace =
     [B, k, 4] descriptors, with no copy after."""
     R, V = logits.shape
     assert logits.stride(1) == 1
+    gpu.check_dense("sample", temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, d2t=d2t)
     ws = ws or SamplerWorkspace(R, V, logits.device)
     assert R <= ws.rows and V == ws.vocab
     ids, desc = out or (ws.ids[:R], ws.desc[:R])
@@ -731,6 +732,8 @@ def rejection_sample(target_logits, draft_logits, draft_ids, params: SamplingTen
     then −1; num_emitted [B] int32 = accepted + 1). Advances offset by one."""
     B, K1, V = target_logits.shape
     K, Vd = K1 - 1, draft_logits.shape[-1]
+    assert draft_logits.stride(-1) == 1, "rejection_sample: draft_logits with a unit last stride"
+    gpu.check_dense("rejection_sample", draft_ids=draft_ids, draft_desc=draft_desc, t2d=t2d)
     ws = ws or RejectionWorkspace(B, K, V, Vd, target_logits.device)
     t_rows, d_rows = target_logits.view(B * K1, V), draft_logits.view(B * K, Vd)
     t_ids, t_desc = sample(t_rows, params, seed, offset, ws.target, rows_per_param=K1, advance=False)

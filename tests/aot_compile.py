@@ -139,7 +139,7 @@ def launches():
                       1e-6, quant=quant, clear=empty(B * T, 2 * HV, dtype=torch.int64))
         silu_mul(empty(B * T, I), empty(B * T, I), quant=quant)
         sums = empty(B * T, 2 * I, dtype=torch.int64)                   # deferred sums (kernels/fixed_sum.py)
-        add_rmsnorm(sums[:, :H], empty(B * T, H), empty(H), 1e-6, quant=quant)
+        add_rmsnorm(empty(B * T, H, dtype=torch.int64), empty(B * T, H), empty(H), 1e-6, quant=quant)
         silu_mul(sums[:, :I], sums[:, I:], quant=quant)
     qk_norm_rope(empty(B * T, HQ * 2 * D), empty(B * T, HKV * D), empty(D), empty(D), empty(B * T, 64),
                  empty(B * T, 64), HQ, HKV, 1e-6)
