@@ -291,7 +291,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     if split:
         assert n_tiles == 1 and partials is not None, "split-KV is for single-tile (verify) launches"
         assert partials.shape[0] >= B and partials.shape[1] == hq and partials.shape[2] >= q_len
-        assert partials.shape[3] >= nseg and partials.shape[4] == D + 2
+        assert partials.shape[3] >= nseg and partials.shape[4] == D + 2 and partials.stride(-1) == 1
     part = partials if split else out
     s_part = partials.stride()[:4] if split else (0, 0, 0, 0)
     gated = gate is not None

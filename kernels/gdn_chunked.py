@@ -241,7 +241,8 @@ def gdn_prefill(q, k, v, a, b, A_log, dt_bias, state, initial_slots, final_slots
     assert HV % HK == 0
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and a.stride(-1) == b.stride(-1) == 1
     assert chunk in (16, 32, 64) and initial_slots.shape == final_slots.shape == (B,)
-    gpu.check_dense("gdn_prefill", initial_slots=initial_slots, final_slots=final_slots)
+    gpu.check_dense("gdn_prefill", initial_slots=initial_slots, final_slots=final_slots, A_log=A_log,
+                    dt_bias=dt_bias)
     ws = workspace or prefill_workspace(B, L, HV, DK, DV, q.device, chunk)
     o = torch.empty(B, L, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
     assert o.shape == (B, L, HV, DV) and o.stride(-1) == 1, f"gdn_prefill: out {tuple(o.shape)}, unit last stride"

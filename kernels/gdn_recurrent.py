@@ -228,7 +228,7 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
     dk_major = dk_fastest(state, HV, DK, DV)
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and a.stride(-1) == b.stride(-1) == 1
     assert state_slots.stride(-1) == 1 and HV % HK == 0
-    gpu.check_dense("gdn_verify", num_accepted=num_accepted)
+    gpu.check_dense("gdn_verify", num_accepted=num_accepted, A_log=A_log, dt_bias=dt_bias)
     o = torch.empty(B, T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
     assert o.shape == (B, T, HV, DV) and o.stride(-1) == 1, f"gdn_verify: out {tuple(o.shape)}, unit last stride"
     proj_dot = bool(proj_dot)

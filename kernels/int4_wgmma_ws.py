@@ -530,6 +530,7 @@ def int4_wgmma_ws(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: tuple,
     m = x2.shape[0]
     a8 = x.dtype == torch.int8
     assert a8 == (x_scale is not None), "int8 activations come with their per-token scales"
+    gpu.check_dense("int4_wgmma_ws", x_scale=x_scale)
     bm, bm2, programs = cfg
     bn = CONSUMERS.value * WG_COLS.value
     m_tiles = triton.cdiv(m, bm + bm2)

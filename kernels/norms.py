@@ -281,7 +281,7 @@ def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None
     alone, yet bench/layer_step at B1 T5 GDN / attention layer 82.7 / 90.7 against 82.9 / 92.1 µs and B4 ~1 µs
     slower; and that per-row path on 4 warps took 10.5 against 3.5 µs at T 64 (a wide row wants one 16-warp pass)."""
     T, H = x.shape
-    check_dense("add_rmsnorm", x=x, residual=residual, h=h, y=y, q=q, s=s)
+    check_dense("add_rmsnorm", x=x, residual=residual, w=w, h=h, y=y, q=q, s=s)
     assert residual is not None or not fixed_sum.deferred(x), "int64 sums are added to a residual"
     _check_a8_order(a8_order, quant, H)
     dt = fixed_sum.activation_dtype(x)
@@ -306,7 +306,7 @@ def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None,
     T, NH, D = x.shape
     assert x.is_contiguous() and z.shape == x.shape and z.stride(2) == 1 and z.stride(1) == D
     assert clear is None or (fixed_sum.deferred(clear) and clear.shape[0] == T and clear.stride(1) == 1)
-    check_dense("gated_rmsnorm", y=y, q=q, s=s)
+    check_dense("gated_rmsnorm", w=w, y=y, q=q, s=s)
     _check_a8_order(a8_order, quant, NH * D)
     y = _buf(y, (T, NH, D), x.dtype, x.device)
     q, s = (_buf(q, (T, NH * D), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
@@ -339,7 +339,7 @@ def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=F
     assert qg.stride(1) == 1 and k.stride(1) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
     assert qg.dtype == k.dtype and (v is None or v.dtype == k.dtype)
     assert kv is not None or not fixed_sum.deferred(qg), "int64 sums: v is read (and cleared) with the KV write"
-    check_dense("qk_norm_rope", q=q, k_out=k_out, gate=gate)
+    check_dense("qk_norm_rope", q_w=q_w, k_w=k_w, q=q, k_out=k_out, gate=gate)
     dt = fixed_sum.activation_dtype(qg)
     q = _buf(q, (T, heads, D), dt, qg.device)
     gate = _buf(gate, (T, heads, D), dt, qg.device)
