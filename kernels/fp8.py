@@ -62,7 +62,7 @@ def e4m3_encode(x):
 @triton.jit
 def _decode_kernel(bits_ptr, out_ptr, scale, n, BLOCK: tl.constexpr):
     # bits [n] uint8 -> out [n] fp32 = value · scale
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)     # a whole cache passes 2^31
     mask = offs < n
     b = tl.load(bits_ptr + offs, mask=mask, other=0)
     tl.store(out_ptr + offs, e4m3_decode(b).to(tl.float32) * (scale * E4M3_BITS_UNIT), mask=mask)
@@ -71,7 +71,7 @@ def _decode_kernel(bits_ptr, out_ptr, scale, n, BLOCK: tl.constexpr):
 @triton.jit
 def _encode_kernel(x_ptr, bits_ptr, scale, n, BLOCK: tl.constexpr):
     # x [n] any float -> bits [n] uint8 = e4m3(x / scale)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)     # a whole cache passes 2^31
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(bits_ptr + offs, e4m3_encode(tl.div_rn(x, scale)), mask=mask)

@@ -120,7 +120,7 @@ def _int8_matmul_kernel(x_ptr, xs_ptr, qw_ptr, s_ptr, out_ptr, M, N, K, stride_o
     m_ok = rm < M
     acc *= tl.load(xs_ptr + rm, mask=m_ok, other=0)[:, None]
     acc *= tl.load(s_ptr + rn, mask=n_ok, other=0).to(tl.float32)[None, :]
-    out = out_ptr + rm[:, None] * stride_om + rn[None, :]
+    out = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]     # 8,649+ rows of 248,320 pass 2^31
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
