@@ -87,7 +87,9 @@ Inside a whole step (bench/step.py, session 29, against the previous run) the 3-
 alone (13.6 us: 0.79), so only 1-2 rows spread (B2 decoding 5,457 against 5,512 us, B1 with one draft 5,472
 against 5,518). In bench/layer_step's chain (B1, 16k, 8 layer copies, us a layer, same run): 2 rows spread at 8 per
 SM GDN 75.4 / attention 85.7 against 76.3 / 86.0 unspread at 6; 1 row at 8 / 7 / 6 per SM GDN 73.3 / 79.7 / 79.3,
-attention 84.4 / 86.7 / 90.2 — fewer CTAs (room beside them for the next launch's) lose inside the chain too.
+attention 84.4 / 86.7 / 90.2 — fewer CTAs (room beside them for the next launch's) lose inside the chain too,
+though this does not isolate the room: those launches are slower alone as well (7 per SM ~30% slower than 6 or 8
+at 3-5 rows, qkvz M = 5 17.4-17.5 against 13.5 / 13.5-13.6 us, session 30; 6 per SM at one row 15.4 against 11.8).
 H200, into sums, M = 5, us against this kernel: the sums kept
 in fp32 within a tile segment and converted once (order-dependent bits: timing only) qkvz 13.10 / 13.40, attn 11.29
 / 11.78, out_proj 6.76 / 6.86, down 13.23 / 13.70 (qkvz at 8 CTAs per SM 12.33 / 13.07); the posted atomics left
