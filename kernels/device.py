@@ -5,7 +5,9 @@ interpreter (tests/conftest.py sets it on the CPU), where some take exact fp32 p
 
 Programmatic dependent launch (sm_90+, `pdl`): a kernel launched with launch_pdl=True may start while the previous
 kernel of the stream finishes, so its launch and its loads of data no kernel of the step writes (weights, caches
-of earlier steps, sampling parameters) overlap the predecessor. Such a kernel calls `pdl_wait` on every path
+of earlier steps, sampling parameters) overlap the predecessor — so a step's per-replay inputs that kernels read
+early (sampling parameters; with attention's `fresh`, cache rows and lengths) must come from host copies made
+before the replay, never from a kernel of the same graph. Such a kernel calls `pdl_wait` on every path
 before it reads anything an earlier kernel wrote and before it writes anything; `pdl_wait` returns once the
 previous kernel has completed, which (since that one waited too) means every earlier kernel has. Captured into
 a CUDA graph the overlap holds (H200, bench.harness.time_us: a launch spinning 3 µs before its wait and 3 µs after
@@ -39,6 +41,15 @@ def smem_per_sm(dev: torch.device) -> int:
     if dev.type != "cuda":
         return 233472
     return torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
+
+
+def check_not_capturing(what: str, device) -> None:
+    """State kept across calls (a cached index, a grown workspace) must be made outside CUDA-graph capture: made
+    inside it, its contents come from kernels that only that graph's replays run, and every other user — eager
+    calls, graphs captured later — reads garbage until the first replay. AssertionError: warm up first."""
+    dev = torch.device(device)
+    assert not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
+        f"{what}: made during CUDA-graph capture; run the call once before capturing (warm-up)"
 
 
 def check_dense(where: str, **tensors) -> None:

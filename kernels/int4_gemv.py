@@ -135,7 +135,9 @@ MAX_ROWS = 24
 # Sums in fixed point (kernels/fixed_sum.FRAC): each group's fp32 partial times 2^FRAC, added in int64 — exact for
 # partials of magnitude ≥ 2^-9 (smaller ones lose what lies below 2^-32), and the same whatever order they are added
 # in; a tile shared by programs must stay below 2^24 in magnitude (the arrival count sits above it, in the top bits
-# of the word).
+# of the word). So every row given, padding included, must be finite and in range: a NaN, an inf or a larger sum in
+# flush_marked's workspace breaks the count, and the element is neither stored nor cleared — wrong for every later
+# launch that shares the workspace (padding rows of a batch bucket: zeros).
 ONE = gl.constexpr(2.0 ** FRAC)
 UNIT = gl.constexpr(2.0 ** -FRAC)
 COUNT = gl.constexpr(57)

@@ -343,6 +343,7 @@ def pick_config(m: int, n: int, k: int, device, a8: bool = False, **override) ->
 @functools.lru_cache(maxsize=None)
 def slot_index(k: int, device) -> torch.Tensor:
     """Gather index [K]: slot-ordered activations hold at 128·b + 8i + j the k = 128·b + mma_k[i, j]."""
+    gpu.check_not_capturing("int4_linear.slot_index", device)
     return (torch.arange(0, k, 128, device=device)[:, None] + mma_k(device).flatten()).flatten()
 
 

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import device as gpu
+
 
 @triton.jit
 def store_tile(acc, out_ptr, ws_ptr, cnt_ptr, rm, rn, M, N, stride_om, tile, SPLIT: tl.constexpr):
@@ -61,6 +63,7 @@ def workspace(device, numel: int, tiles: int, name: str = "sums"):
     key = (torch.device(device), name)
     ws, cnt, old = _WORKSPACES.get(key, (None, None, []))
     if ws is None or ws.numel() < numel or cnt.numel() < tiles:
+        gpu.check_not_capturing(f"the {name!r} workspace", key[0])
         if ws is not None:
             old.append((ws, cnt))
         ws = torch.zeros(max(numel, 0 if ws is None else ws.numel()), dtype=torch.float32, device=key[0])
