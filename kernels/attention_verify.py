@@ -102,7 +102,8 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     seg = tl.program_id(2)
     pdl_wait(PDL)
     slot = tl.load(rows_ptr + b)
-    kv_len = tl.where(slot >= 0, tl.load(lens_ptr + b), 0)  # padding rows attend to nothing and output 0
+    # padding rows attend to nothing and output 0; a length past the cache (the caller's error) reads no other slot
+    kv_len = tl.where(slot >= 0, tl.minimum(tl.load(lens_ptr + b), max_len), 0)
     start = seg * BLOCK_N
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     tok = offs_m // G
@@ -172,7 +173,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
 
 
 @triton.jit
-def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, gate_ptr, nseg, Hq,
+def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, gate_ptr, nseg, Hq, max_len,
                     s_pb, s_ph, s_pt, s_ps, s_ob, s_ot, s_oh, s_gb, s_gt, s_gh,
                     D: tl.constexpr, BLOCK_N: tl.constexpr, SEG_P2: tl.constexpr, BLOCK_D: tl.constexpr,
                     GATED: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
@@ -187,7 +188,7 @@ def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, gate_ptr, nseg, Hq,
     if not EARLY:
         pdl_wait(PDL)
     slot = tl.load(rows_ptr + b)
-    kv_len = tl.where(slot >= 0, tl.load(lens_ptr + b), 0)
+    kv_len = tl.where(slot >= 0, tl.minimum(tl.load(lens_ptr + b), max_len), 0)      # as the attention's
     n_used = tl.minimum(tl.cdiv(kv_len, BLOCK_N), nseg)       # segments holding at least one tile
     offs_s = tl.arange(0, SEG_P2)
     s_ok = offs_s < n_used
@@ -315,7 +316,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     if split:
         block_d = combine_block_d(B, hq, D)
         _combine_kernel[(B, q_len * hq, D // block_d)](
-            partials, cache_rows, kv_lens, out, g, nseg, hq, *s_part, *out.stride()[:3], *s_gate,
+            partials, cache_rows, kv_lens, out, g, nseg, hq, k_cache.shape[2], *s_part, *out.stride()[:3], *s_gate,
             D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d, GATED=gated,
             EARLY=fresh is not None, **pdl)
     return out

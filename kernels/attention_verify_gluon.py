@@ -195,7 +195,8 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
         gdc_wait()
         gdc_launch_dependents()
     slot = gl.load(rows_ptr + b)
-    kv_len = gl.where(slot >= 0, gl.load(lens_ptr + b), 0)         # padding rows attend to nothing and output 0
+    # padding rows attend to nothing and output 0; a length past the cache (the caller's error) reads no other slot
+    kv_len = gl.where(slot >= 0, gl.minimum(gl.load(lens_ptr + b), max_len), 0)
     if not EARLY:   # q requested with the slot and length, not after them
         q = _load_q(q_ptr + b * s_qb, kvh, q_len, s_qt, s_qh, G, D, R, q_l)
     score_scale = qk_scale * gl.load(ks_ptr + kvh)
@@ -206,8 +207,9 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     old = kv_len - fresh                    # keys before it were written by earlier steps (EARLY: read at once)
     k_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, D], k_smem_l)
     v_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, D, BLOCK_N], v_smem_l)
-    k_base = kc_ptr + slot.to(gl.int64) * s_cs + kvh * s_ch
-    v_base = vc_ptr + slot.to(gl.int64) * s_vs + kvh * s_vh
+    row = gl.maximum(slot, 0).to(gl.int64)  # a padding row's V copies (masked by max_len only) stay in the cache
+    k_base = kc_ptr + row * s_cs + kvh * s_ch
+    v_base = vc_ptr + row * s_vs + kvh * s_vh
     k_key = gl.expand_dims(_pv_key(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_copy))), 1)
     k_off = k_key * s_cn + gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, k_copy)), 0)
     k_key = k_key + gl.zeros([BLOCK_N, D], gl.int32, k_copy)

@@ -57,7 +57,7 @@ def _causal_conv1d_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, num_acc_ptr, y_ptr
     slot = tl.load(slots_ptr + bi)
     valid = slot >= 0
     if HAS_NA:
-        off = tl.minimum(tl.maximum(tl.load(num_acc_ptr + bi) - 1, 0), M - (K - 1))
+        off = tl.minimum(tl.maximum(tl.load(num_acc_ptr + bi), 1) - 1, M - (K - 1))
     else:
         off = M - (K - 1)
     xb = x_ptr + bi * sx_b

@@ -62,7 +62,7 @@ def slot_row(num_acc_ptr, slots_ptr, bi, ss_b, T: tl.constexpr):
     slots[accepted - 1] with the count clamped to [1, T] (an accepted count of 0 or garbage never indexes out of
     bounds). The start is selected from the row rather than loaded through the count: one dependent load less
     before the state load."""
-    col = tl.minimum(tl.maximum(tl.load(num_acc_ptr + bi) - 1, 0), T - 1)
+    col = tl.minimum(tl.maximum(tl.load(num_acc_ptr + bi), 1) - 1, T - 1)       # (no wrap at -2^31)
     slots = ()
     for t in tl.static_range(T):
         slots = slots + (tl.load(slots_ptr + bi * ss_b + t),)

@@ -11,12 +11,12 @@ from layers.quant import Int8Weight
 
 
 @triton.jit
-def _int8_embedding_kernel(ids_ptr, ids_stride, qw_ptr, s_ptr, out_ptr, K, BLOCK_K: tl.constexpr):
+def _int8_embedding_kernel(ids_ptr, ids_stride, qw_ptr, s_ptr, out_ptr, V, K, BLOCK_K: tl.constexpr):
     # grid (T, cdiv(K, BLOCK_K))
     t = tl.program_id(0)
     rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     k_ok = rk < K
-    row = tl.load(ids_ptr + t * ids_stride).to(tl.int64)
+    row = tl.minimum(tl.maximum(tl.load(ids_ptr + t * ids_stride).to(tl.int64), 0), V - 1)    # never outside the table
     q = tl.load(qw_ptr + row * K + rk, mask=k_ok, other=0)
     s = tl.load(s_ptr + row).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * K + rk, (q.to(tl.float32) * s).to(out_ptr.dtype.element_ty), mask=k_ok)
@@ -24,7 +24,8 @@ def _int8_embedding_kernel(ids_ptr, ids_stride, qw_ptr, s_ptr, out_ptr, K, BLOCK
 
 def int8_embedding(ids: torch.Tensor, w: Int8Weight, out: torch.Tensor = None,
                    out_dtype: torch.dtype = torch.bfloat16, block_k: int = 1024) -> torch.Tensor:
-    """ids [...] → [..., K]; rows are not bounds-checked on the device (ids must be < V)."""
+    """ids [...] → [..., K]. An id outside [0, V) (a −1 fill, garbage) gathers the nearest row, never memory
+    past the table: the device cannot refuse it."""
     k = w.qweight.shape[1]
     flat = ids.reshape(-1)
     if out is None:
@@ -32,5 +33,5 @@ def int8_embedding(ids: torch.Tensor, w: Int8Weight, out: torch.Tensor = None,
     assert out.is_contiguous() and out.numel() == flat.numel() * k
     if flat.numel():
         _int8_embedding_kernel[(flat.numel(), triton.cdiv(k, block_k))](flat, flat.stride(0), w.qweight, w.scales,
-                                                                         out, k, BLOCK_K=block_k)
+                                                                         out, w.qweight.shape[0], k, BLOCK_K=block_k)
     return out

@@ -20,12 +20,14 @@ from kernels.fp8 import e4m3_encode, encode_e4m3_ref
 
 @triton.jit
 def store_token(k, v, offs, mask, b, t, n_new, h, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr,
-                s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, FP8: tl.constexpr):
+                s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, max_len, FP8: tl.constexpr):
     """New token t (of n_new) of batch row b, kv head h: k, v fp32 [D] (elements offs where mask) into the caches
-    (strides s_c*: k, D contiguous; s_vc*: v, any), as e4m3(x / scale) codes when FP8; nothing for a padding row."""
+    (strides s_c*: k, D contiguous; s_vc*: v, any; max_len positions a slot), as e4m3(x / scale) codes when FP8;
+    nothing for a padding row, nor at a position outside the slot (a length short of n_new or past max_len: the
+    caller's error, which must not write into a neighbouring slot or outside the cache)."""
     slot = tl.load(rows_ptr + b)
-    if slot >= 0:
-        pos = tl.load(lens_ptr + b) - n_new + t
+    pos = tl.load(lens_ptr + b) - n_new + t
+    if (slot >= 0) & (pos >= 0) & (pos < max_len):
         dst = slot.to(tl.int64) * s_cs + h * s_ch + pos.to(tl.int64) * s_cn + offs
         v_dst = slot.to(tl.int64) * s_vcs + h * s_vch + pos.to(tl.int64) * s_vcn + offs * s_vcd
         if FP8:
@@ -40,7 +42,7 @@ def store_token(k, v, offs, mask, b, t, n_new, h, kc_ptr, vc_ptr, ks_ptr, vs_ptr
 
 @triton.jit
 def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, n_new,
-                     s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd,
+                     s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, max_len,
                      D: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
     # k, v: [B, n_new, Hkv, D] (strides s_*b, s_*t, s_*h; D contiguous); caches [slots, Hkv, max_len, D]
     # (k cache strides s_c*, D contiguous; v cache strides s_vc*, any). Grid (B * n_new, Hkv): one token of one kv
@@ -53,7 +55,7 @@ def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, len
     k = tl.load(k_ptr + b * s_kb + t * s_kt + h * s_kh + offs).to(tl.float32)
     v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs).to(tl.float32)
     store_token(k, v, offs, offs < D, b, t, n_new, h, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr,
-                s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, FP8)
+                s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, max_len, FP8)
 
 
 def kv_cache(num_slots: int, num_kv_heads: int, max_len: int, head_dim: int, dtype, device):
@@ -89,7 +91,7 @@ def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_le
     assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1
     ptrs, strides, fp8 = cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, hkv, D)
     _kv_write_kernel[(B * n_new, hkv)](
-        k_new, v_new, *ptrs, n_new, *k_new.stride()[:3], *v_new.stride()[:3], *strides, D=D, FP8=fp8,
+        k_new, v_new, *ptrs, n_new, *k_new.stride()[:3], *v_new.stride()[:3], *strides, k_cache.shape[2], D=D, FP8=fp8,
         **pdl_args(k_new.device))
 
 

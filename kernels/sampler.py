@@ -103,7 +103,10 @@ def _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V):
 
 @triton.jit
 def _load_x(row_ptr, offs, V, inv_t):
-    return tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+    """Scaled logits, −inf past V; a NaN logit counts as −inf (never the argmax nor sampled: with NaN an argmax may
+    land on a padding index past V)."""
+    x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    return tl.where(x == x, x, float("-inf")) * inv_t
 
 
 @triton.jit
@@ -545,6 +548,7 @@ def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
             else:
                 tau, zs, fbest, tok = _fallback(row_ptr, V, inv_t, M, Z, lo, hs, kact, pact, k, p, seed, r, off,
                                                 BLOCK)
+    tok = tl.minimum(tl.maximum(tok, 0), V - 1)     # a row of no finite logit still names a token of the vocabulary
     if HAS_D2T:   # reduced draft vocabulary: target id = draft id + d2t[draft id]
         tok += tl.load(d2t_ptr + tok)
     tl.store(ids_ptr + r * ids_stride, tok)
@@ -577,23 +581,25 @@ def _prob(logit, desc_ptr, mask):
 
 
 @triton.jit
-def _first_rejected(tlog_ptr, t_stride, dlog_ptr, d_stride, Vd, t2d_ptr, draft_ids_ptr, K, tdesc_ptr, ddesc_ptr,
-                    tids_ptr, b, sampled, seed, off, HAS_T2D: tl.constexpr, KP: tl.constexpr):
+def _first_rejected(tlog_ptr, t_stride, V, dlog_ptr, d_stride, Vd, t2d_ptr, draft_ids_ptr, K, tdesc_ptr,
+                    ddesc_ptr, tids_ptr, b, sampled, seed, off, HAS_T2D: tl.constexpr, KP: tl.constexpr):
     """Sequence b's verdict (ENGINE.md §2): the first rejected draft position a (K: all accepted), the positions
-    j [KP], the drafts and each target row's own sample (argmax when greedy) at j."""
+    j [KP], the drafts and each target row's own sample (argmax when greedy) at j. A draft id outside [0, V) is
+    rejected without being read at (it would index past its logits row)."""
     j = tl.arange(0, KP)
     jd = j < K
     dt = tl.load(draft_ids_ptr + b * K + j, mask=jd, other=0).to(tl.int32)
+    dv = jd & (dt >= 0) & (dt < V)
     dd = dt
     if HAS_T2D:
-        dd = tl.load(t2d_ptr + dt, mask=jd, other=-1)
+        dd = tl.load(t2d_ptr + dt, mask=dv, other=-1)
     rt, rd = b * (K + 1) + j, b * K + j
-    dm = jd & (dd >= 0) & (dd < Vd)
-    pv = _prob(tl.load(tlog_ptr + rt.to(tl.int64) * t_stride + dt, mask=jd, other=0.0), tdesc_ptr + rt * 4, jd)
+    dm = dv & (dd >= 0) & (dd < Vd)
+    pv = _prob(tl.load(tlog_ptr + rt.to(tl.int64) * t_stride + dt, mask=dv, other=0.0), tdesc_ptr + rt * 4, dv)
     qv = _prob(tl.load(dlog_ptr + rd.to(tl.int64) * d_stride + dd, mask=dm, other=0.0), ddesc_ptr + rd * 4, dm)
     tid = tl.load(tids_ptr + rt, mask=j <= K, other=-1)
     u = _uniform(seed, j, b, off, ACCEPT)
-    ok = tl.where(sampled, (qv > 0.0) & (u * qv <= pv), dt == tid)
+    ok = dv & tl.where(sampled, (qv > 0.0) & (u * qv <= pv), dt == tid)
     return tl.min(tl.where(jd & ~ok, j, K), 0), j, dt, tid
 
 
@@ -610,7 +616,7 @@ def _verdict_kernel(tlog_ptr, t_stride, V, dlog_ptr, d_stride, Vd, t2d_ptr, draf
     sampled = tl.load(temp_ptr + bq) > 0.0
     pdl_wait(PDL)
     seed, off = tl.load(seed_ptr), tl.load(offset_ptr)
-    a, jk, dt, tid = _first_rejected(tlog_ptr, t_stride, dlog_ptr, d_stride, Vd, t2d_ptr, draft_ids_ptr, K,
+    a, jk, dt, tid = _first_rejected(tlog_ptr, t_stride, V, dlog_ptr, d_stride, Vd, t2d_ptr, draft_ids_ptr, K,
                                      tdesc_ptr, ddesc_ptr, tids_ptr, bq, sampled, seed, off, HAS_T2D, KP)
     race = sampled & (a < K)
     best, best_i = tl.zeros([], tl.float32) + float("-inf"), tl.zeros([], tl.int32)

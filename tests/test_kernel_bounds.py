@@ -1,0 +1,103 @@
+"""Per-step device inputs the wrappers cannot inspect (a captured graph replays whatever the buffers hold) never
+make a kernel read or write outside its tensors, whatever they hold: lengths short of the new tokens or past the
+cache, token ids outside the vocabulary, accepted counts at the int32 extremes, NaN logits. Each case frames the
+real tensor with poisoned neighbours, or compares against the same call on the nearest valid input."""
+import pytest
+import torch
+
+from kernels.attention_verify import alloc_partials, verify_attention
+from kernels.conv1d import causal_conv1d
+from kernels.gdn_recurrent import gdn_verify
+from kernels.int8_embedding import int8_embedding
+from kernels.kv_write import write_kv
+from kernels.sampler import RejectionWorkspace, SamplingTensors, rejection_sample, sample
+from layers.quant import quantize_int8_rows
+
+NAN = float("nan")
+HKV, D, ML = 2, 16, 32                  # kv heads, head dim, cache positions per slot
+
+
+def framed_caches(slots=3):
+    """k, v caches [slots, HKV, ML, D] bf16 as views inside buffers with a NaN slot before and after them."""
+    big = [torch.full((slots + 2, HKV, ML, D), NAN, dtype=torch.bfloat16) for _ in range(2)]
+    for b in big:
+        b[1:-1] = torch.randn(slots, HKV, ML, D).bfloat16()
+    return big, big[0][1:-1], big[1][1:-1]
+
+
+@pytest.mark.parametrize("slot, length", [(0, 1), (2, ML + 2)], ids=["short of the new tokens", "past the cache"])
+def test_kv_write_stays_in_its_slot(slot, length):
+    big, kc, vc = framed_caches()
+    before = [b.clone() for b in big]
+    new = torch.ones(1, 3, HKV, D, dtype=torch.bfloat16)
+    write_kv(new, new, kc, vc, None, None, torch.tensor([slot], dtype=torch.int32),
+             torch.tensor([length], dtype=torch.int32))
+    for b, b0 in zip(big, before):
+        assert b[0].isnan().all() and b[-1].isnan().all(), "wrote outside the cache"
+        others = [s for s in range(1, b.shape[0] - 1) if s != slot + 1]
+        assert torch.equal(b[others], b0[others]), "wrote into another slot"
+        inside = [p for p in range(length - 3, length) if 0 <= p < ML]
+        assert (b[slot + 1, :, inside] == 1).all()
+
+
+@pytest.mark.parametrize("nseg", [1, 3])
+def test_attention_length_past_cache_reads_its_slot_only(nseg):
+    big, kc, vc = framed_caches(slots=1)
+    q = torch.randn(1, 2, 4, D).bfloat16()
+    rows = torch.tensor([0], dtype=torch.int32)
+    parts = alloc_partials(1, 4, 2, 3, D, "cpu")
+    want, got = torch.empty_like(q), torch.empty_like(q)
+    verify_attention(q, kc, vc, None, None, rows, torch.tensor([ML], dtype=torch.int32), want, parts, nseg,
+                     block_n=16)
+    verify_attention(q, kc, vc, None, None, rows, torch.tensor([ML + 8], dtype=torch.int32), got, parts, nseg,
+                     block_n=16)
+    assert torch.equal(got, want)      # the length is taken as the cache's: no key of the NaN slot after it
+
+
+def test_embedding_ids_outside_the_table():
+    w = quantize_int8_rows(torch.randn(10, 24))
+    out = int8_embedding(torch.tensor([-1, 10, 2**30, 3], dtype=torch.int32), w)
+    assert torch.equal(out, int8_embedding(torch.tensor([0, 9, 9, 3], dtype=torch.int32), w))
+
+
+def test_rejection_of_draft_ids_outside_the_vocabulary():
+    B, K, V = 3, 3, 64
+    params = SamplingTensors.of([1.0, 0.0, 1.0], [0] * B, [1.0] * B, "cpu")
+    drafts = torch.tensor([[V, 1, 2], [-1, 3, 4], [5, 2**30, 6]], dtype=torch.int32)
+    seed, off = torch.tensor([7], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    out, n = rejection_sample(torch.randn(B, K + 1, V), torch.randn(B, K, V), drafts, params, seed, off,
+                              RejectionWorkspace(B, K, V, V, "cpu"))
+    assert n[0] == 1 and n[1] == 1 and n[2] <= 2                # rejected at the bad id, at the latest
+    assert ((out >= 0) & (out < V) | (out == -1)).all()
+
+
+def test_sample_nan_logits_names_a_token():
+    V = 3000                                                   # a last block half padding
+    logits = torch.randn(4, V)
+    logits[0] = NAN
+    logits[1, ::2] = NAN
+    logits[2, -5:] = NAN
+    for t in (0.0, 1.0):
+        ids, _ = sample(logits, SamplingTensors.of([t] * 4, [0, 20, 0, 0], [1.0, 1.0, 0.9, 1.0], "cpu"),
+                        torch.tensor([1], dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+        assert ((ids >= 0) & (ids < V)).all(), ids
+        if t == 0.0:
+            assert ids[3] == logits[3].argmax() and ids[2] == logits[2, :-5].argmax()
+
+
+def test_accepted_count_int32_extremes():
+    """-2^31 is clamped as 0 is (num_accepted - 1 must not wrap to 2^31 - 1), 2^31 - 1 as T is."""
+    B, T, HV, HK, DK = 1, 3, 2, 1, 16
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(B, T, HK, DK, generator=gen), torch.randn(B, T, HK, DK, generator=gen)
+    v, a, b = torch.randn(B, T, HV, DK, generator=gen), torch.randn(B, T, HV, generator=gen), torch.randn(B, T, HV)
+    A_log, dt_bias = torch.rand(HV), torch.randn(HV)
+    pool = torch.randn(B * T, HV, DK, DK, generator=gen)
+    slots = torch.arange(T, dtype=torch.int32)[None]
+    x, w, conv = torch.randn(B, T, 8, generator=gen), torch.randn(8, 4, generator=gen), torch.randn(2, 8, 3 + T - 1)
+    for extreme, same_as in ((-2**31, 0), (2**31 - 1, T)):
+        na, ref = torch.tensor([extreme], dtype=torch.int32), torch.tensor([same_as], dtype=torch.int32)
+        got_o, want_o = (gdn_verify(q, k, v, a, b, A_log, dt_bias, pool.clone(), slots, n) for n in (na, ref))
+        assert torch.equal(got_o, want_o)
+        got_y, want_y = (causal_conv1d(x, w, conv.clone(), torch.tensor([1], dtype=torch.int32), n) for n in (na, ref))
+        assert torch.equal(got_y, want_y)
