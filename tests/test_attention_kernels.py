@@ -425,3 +425,14 @@ def test_verify_attention_gluon_fresh_keys(lens, nseg):
     early.fill_(math.nan)
     graph.replay()
     assert torch.equal(early, out) and rel_err(out, ref) < 1e-2
+
+
+def test_prefill_padding_row_outputs_zero():
+    """A padding row (cache row < 0) of the multi-tile prefill launch outputs exact zeros, the others unaffected
+    (the verify launch's padding rows are tested above)."""
+    q, kc, vc, ks, vs, rows, kv_lens = setup(2, 20, 6, 2, 16, [51, 20], True)
+    rows[0] = -1
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, kc, vc, ks, vs, rows, kv_lens, out, block_m=16, block_n=16, num_warps=4)
+    assert (out[0] == 0).all()
+    assert rel_err(out[1], attention_ref(q, kc, vc, ks, vs, rows, kv_lens)[1]) < 1e-2

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from kernels import norms as N
+from kernels.conv1d import causal_conv1d
 from kernels.fixed_sum import FRAC, to_bf16_ref
 from kernels.kv_write import kv_cache
 from layers.model import rope_tables
@@ -92,7 +93,6 @@ def test_gdn_layer_takes_in_proj_sums():
     """The GDN layer's in_proj row [qkv | z | b | a] as sums: conv1d (qkv), gdn_verify (b, a: read by every
     program of a head, not cleared), gated_rmsnorm (z, and clears b and a) write what they write from the bf16
     row, and the whole row is zero afterwards."""
-    from kernels.conv1d import causal_conv1d
     from kernels.gdn_common import state_pool
     from kernels.gdn_recurrent import gdn_verify
     B, T, HK, HV, DK, K = 2, 3, 2, 4, 32, 4
@@ -119,3 +119,22 @@ def test_gdn_layer_takes_in_proj_sums():
         results.append((mixed, conv_state, o, pool, y))
     assert all(torch.equal(x, y) for x, y in zip(*results))
     assert_cleared(sums)
+
+
+def test_conv1d_sums_with_padding_row_and_ragged_channels():
+    """conv1d from int64 sums with a padding row (slot < 0) and channels no multiple of the block: the same y and
+    state as from the bf16 activations, the padding row's state slot untouched, every sum cleared (its too)."""
+    B, L, C, K, kd = 3, 5, 200, 4, 4
+    sums = random_sums(B, L, C, scale=1.0, seed=6)
+    w = torch.randn(C, K).bfloat16().to(DEV)
+    slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=DEV)
+    num_acc = torch.tensor([3, 1, 5], dtype=torch.int32, device=DEV)
+    state0 = torch.randn(4, C, K - 1 + kd).bfloat16().to(DEV)
+    results = []
+    for src in (to_bf16_ref(sums), sums):
+        state = state0.clone()
+        out = torch.full((B, L, C), float("nan"), device=DEV).bfloat16()
+        results.append((causal_conv1d(src, w, state, slots, num_acc, out=out), state))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert torch.equal(results[1][1][[1, 3]], state0[[1, 3]])
+    assert not sums.any()

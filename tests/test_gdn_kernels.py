@@ -324,3 +324,18 @@ def test_gpu_conv_27b(L, use_na):
     ref = causal_conv1d_reference(x, w, ref_state, slots, na)
     y = causal_conv1d(x, w, state, slots, na)
     assert rel_err(y, ref) < 1e-2 and torch.equal(state, ref_state)
+
+
+def test_prefill_negative_final_slot_writes_no_state():
+    """final_slots < 0: the sequence's output as ever, its final state written nowhere (only initial < 0 is tested
+    above)."""
+    B, L, HV, HK, dk, dv = 2, 37, 4, 2, 16, 32
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, dk, dv, seed=5)
+    pool = torch.randn(4, HV, dk, dv, device=DEV)
+    before = pool.clone()
+    want_o, want_s = seq_reference(q, k, v, a, b, A_log, dt_bias, pool[[1, 3]].clone())
+    out = torch.full((B, L, HV, dv), float("nan"), device=DEV)
+    o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([1, 3], dtype=torch.int32, device=DEV),
+                    torch.tensor([-1, 0], dtype=torch.int32, device=DEV), out=out, chunk=16)
+    assert rel_err(o, want_o) < 2e-3 and rel_err(pool[0], want_s[1]) < 2e-3
+    assert torch.equal(pool[1:], before[1:])

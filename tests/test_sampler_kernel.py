@@ -334,3 +334,36 @@ def test_gpu_graph_replay_draws_fresh_tokens():
     assert not torch.equal(draws[0], draws[1])
     offset.fill_(start)
     assert torch.equal(S.sample(logits, params, seed, offset, ws)[0], draws[0])
+
+
+def test_rejection_with_parameters_differing_per_sequence():
+    """Each target row takes its own sequence's parameters (row r: sequence r // (k + 1)): sampled, greedy and top-k 1
+    sequences in one call — the greedy ones give the greedy verdict — and draft_desc=None (recomputed from the
+    draft logits) gives the same verdict."""
+    B, K, V = 3, 2, 150
+    cfg = S.SamplerConfig(block=64, pivots=8, group=4, cap=32, levels=3)
+    g = torch.Generator().manual_seed(2)
+    target = torch.randn(B, K + 1, V, generator=g).to(DEV)
+    draft = target[:, :K] + 0.8 * torch.randn(B, K, V, generator=g).to(DEV)
+    params = S.SamplingTensors.of([1.0, 0.0, 1.0], [0, 0, 1], [1.0, 1.0, 1.0], DEV)
+    seed, offset = torch.tensor([3], device=DEV), torch.tensor([0], device=DEV)
+    dws = S.SamplerWorkspace(B, V, DEV, cfg)
+    drafts, descs = torch.empty(B, K, dtype=torch.int32, device=DEV), torch.empty(B, K, 4, device=DEV)
+    for i in range(K):
+        S.sample_drafts(draft[:, i].contiguous(), params, seed, offset, dws, out=(drafts[:, i], descs[:, i]))
+    ws = S.RejectionWorkspace(B, K, V, V, DEV, cfg)
+    start = offset.clone()
+    out, n = (t.clone() for t in S.rejection_sample(target, draft, drafts, params, seed, offset, ws, descs))
+    assert torch.equal(ws.target.desc[:B * (K + 1), 0].cpu(), torch.tensor([1.0] * 3 + [0.0] * 3 + [1.0] * 3))
+    accepted, nxt = ref.accept_drafts(target.cpu(), drafts.long().cpu(), None, ref.SamplingParams(0), None)
+    j = torch.arange(K + 1)[None]
+    greedy = torch.where(j < accepted[:, None], torch.cat([drafts.cpu(), drafts[:, :1].cpu()], 1),
+                         torch.where(j == accepted[:, None], nxt[:, None].int(), -1)).int()
+    for b in (1, 2):
+        assert torch.equal(drafts[b].cpu(), draft[b].argmax(-1).int().cpu())
+        assert torch.equal(out[b].cpu(), greedy[b]) and n[b] == accepted[b] + 1
+    assert (out[0] >= 0).sum() == n[0] and 1 <= n[0] <= K + 1
+    offset.copy_(start)
+    out2, n2 = S.rejection_sample(target, draft, drafts, params, seed, offset,
+                                  S.RejectionWorkspace(B, K, V, V, DEV, cfg))
+    assert torch.equal(out2, out) and torch.equal(n2, n)
