@@ -89,12 +89,21 @@ class ModelConfig:
             if lt not in LAYER_TYPES:
                 fail(f"{prefix}layer_types[{i}]", f"unknown layer type {lt!r}")
 
-        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        rope_key = "rope_parameters" if text.get("rope_parameters") else "rope_scaling"
+        rope = text.get(rope_key) or {}
+        if not isinstance(rope, dict):
+            fail(prefix + rope_key, f"must be an object, got {rope!r}")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "mrope"):
             fail(prefix + "rope_parameters.rope_type", f"{rope_type!r} is not supported")
-        theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
-        frac = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
+
+        def number(field, default):             # rope_parameters' own value, else the top-level one
+            where, value = (f"{rope_key}.{field}", rope[field]) if field in rope else (field, text.get(field, default))
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                fail(prefix + where, f"must be a positive number, got {value!r}")
+            return value
+
+        theta, frac = number("rope_theta", 10000.0), number("partial_rotary_factor", 1.0)
         heads = get("num_attention_heads")
         head_dim = get("head_dim", get("hidden_size") // heads)
         rotary_dim = int(head_dim * frac)
@@ -116,11 +125,14 @@ class ModelConfig:
         if text.get("attention_bias", False):
             fail(prefix + "attention_bias", "biases are not supported")
         mtp = text.get("mtp_num_hidden_layers", 0) or 0
-        if mtp not in (0, 1):
+        if isinstance(mtp, bool) or mtp not in (0, 1):
             fail(prefix + "mtp_num_hidden_layers", f"{mtp}: only 0 or 1 MTP layer is supported")
         if text.get("mtp_use_dedicated_embeddings", False):
             fail(prefix + "mtp_use_dedicated_embeddings", "dedicated MTP embeddings are not supported")
         tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        if not isinstance(tie, bool):       # bool("false") is True: the embedding would replace lm_head silently
+            fail(("" if "tie_word_embeddings" in raw else prefix) + "tie_word_embeddings",
+                 f"must be true or false, got {tie!r}")
         return cls(
             vocab_size=get("vocab_size"), hidden_size=get("hidden_size"), intermediate_size=get("intermediate_size"),
             layer_types=tuple(layer_types), num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -128,7 +140,7 @@ class ModelConfig:
             linear_num_key_heads=lk, linear_num_value_heads=lv,
             linear_key_head_dim=get("linear_key_head_dim"), linear_value_head_dim=get("linear_value_head_dim"),
             linear_conv_kernel_dim=get("linear_conv_kernel_dim", 4), rms_norm_eps=get("rms_norm_eps", 1e-6, float),
-            tie_word_embeddings=bool(tie), mtp_num_hidden_layers=mtp,
+            tie_word_embeddings=tie, mtp_num_hidden_layers=mtp,
             max_position_embeddings=get("max_position_embeddings", 262144))
 
     @classmethod

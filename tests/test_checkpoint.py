@@ -123,6 +123,13 @@ def test_pickle_only_and_missing_shard(ckpt):
     (lambda c: c["text_config"].pop("hidden_size"), "'text_config.hidden_size'"),
     (lambda c: c["text_config"].update(head_dim=-4), "'text_config.head_dim'"),
     (lambda c: c["text_config"].update(mtp_num_hidden_layers=2), "'text_config.mtp_num_hidden_layers'"),
+    (lambda c: c["text_config"].update(mtp_num_hidden_layers=True), "'text_config.mtp_num_hidden_layers'"),
+    (lambda c: c.update(tie_word_embeddings="false"), "'tie_word_embeddings'"),     # bool("false") is True
+    (lambda c: c["text_config"].update(rope_parameters="default"), "'text_config.rope_parameters'"),
+    (lambda c: c["text_config"].update(rope_parameters={"rope_type": "default", "rope_theta": "abc"}),
+     "'text_config.rope_parameters.rope_theta'"),
+    (lambda c: c["text_config"].update(rope_parameters={"rope_type": "default"}, partial_rotary_factor="0.25"),
+     "'text_config.partial_rotary_factor'"),
 ])
 def test_config_errors_name_the_field(ckpt, edit, field):
     path = edit_config(ckpt, edit)
