@@ -19,7 +19,13 @@ COMPLETIONS_URL = "/v1/completions"
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 # Sampling knobs this engine does not implement: a request that sets them is refused rather than silently changed.
 UNSUPPORTED_NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0,
-                       "best_of": 1, "echo": False, "suffix": "", "logit_bias": {}, "response_format": {"type": "text"}}
+                       "best_of": 1, "echo": False, "suffix": "", "logit_bias": {}, "response_format": {"type": "text"},
+                       "tool_choice": "auto", "parallel_tool_calls": True}
+# Every body field a request may carry: any other is refused by name (a misspelt "max_tokenz" would otherwise be
+# ignored, and the request run on the defaults). OpenAI's bookkeeping fields change nothing generated.
+KNOWN_FIELDS = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+                "top_k", "seed", "ignore_eos", "stop", "n", "stream", "logprobs", "top_logprobs",
+                "chat_template_kwargs", "tools", *UNSUPPORTED_NEUTRAL, "user", "metadata", "store", "stream_options"}
 
 
 class BatchFileError(ValueError):
@@ -91,6 +97,9 @@ def _message(i: int, message) -> dict:
 
 
 def _check_unsupported(body: dict):
+    unknown = sorted(set(body) - KNOWN_FIELDS)
+    if unknown:
+        raise RequestError(f"unknown field(s) {', '.join('body.' + k for k in unknown)}: not parameters of this engine")
     if body.get("n", 1) != 1:
         raise RequestError(f"body.n must be 1, got {body['n']!r}")
     if body.get("stream"):
@@ -121,6 +130,9 @@ def _prompt_ids(engine, url: str, body: dict) -> tuple[list, bool]:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise RequestError("body.chat_template_kwargs must be an object")
+    if set(kwargs) - {"enable_thinking"}:
+        extra = ", ".join(sorted(set(kwargs) - {"enable_thinking"}))
+        raise RequestError(f"body.chat_template_kwargs: {extra} not supported (only enable_thinking)")
     thinking = kwargs.get("enable_thinking", True)
     if not isinstance(thinking, bool):
         raise RequestError("body.chat_template_kwargs.enable_thinking must be true or false")
@@ -151,7 +163,7 @@ def parse_request(engine, record: dict, defaults: RequestDefaults) -> Request:
     temperature = _number(body, "temperature", defaults.temperature, "in [0, 2]", lambda v: 0 <= v <= 2)
     top_p = _number(body, "top_p", defaults.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
     top_k = _number(body, "top_k", defaults.top_k, ">= 0 (or -1 for off)", lambda v: v >= -1, integer=True)
-    seed = _number(body, "seed", defaults.seed, "an integer", lambda v: True, integer=True)
+    seed = _number(body, "seed", defaults.seed, "in [-2^63, 2^64)", lambda v: -2**63 <= v < 2**64, integer=True)
     ignore_eos = body.get("ignore_eos", defaults.ignore_eos)
     if not isinstance(ignore_eos, bool):
         raise RequestError(f"body.ignore_eos must be true or false, got {ignore_eos!r}")
@@ -209,21 +221,38 @@ class InputLine:
     error: str | None = None       # why the line is refused before running
 
 
-def read_input(path: str) -> list[InputLine]:
-    """Decode every non-blank line; lines with bad JSON, no custom_id or a duplicated custom_id carry an error."""
+def _decode_line(number: int, raw: bytes):
+    """(record, None), or (None, why) for a line that is not UTF-8 JSON whose strings all encode back to UTF-8."""
     try:
-        with open(path, encoding="utf-8") as f:
-            texts = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise BatchFileError(f"cannot read batch file {path}: {getattr(e, 'strerror', None) or e}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"line {number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError) as e:          # JSONDecodeError, an int past Python's digit limit, nesting
+        return None, f"line {number}: invalid JSON ({getattr(e, 'msg', None) or e})"
+    try:                # a lone surrogate ("\ud800") parses but could not be written back into the output
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return None, f"line {number}: a string holds a lone surrogate escape (not valid UTF-8)"
+    return record, None
+
+
+def read_input(path: str) -> list[InputLine]:
+    """Decode every non-blank line on its own: a line that is not UTF-8 JSON, or has no custom_id or a duplicated
+    one, carries an error and the others run."""
+    try:
+        with open(path, "rb") as f:
+            raws = f.read().split(b"\n")
+    except OSError as e:
+        raise BatchFileError(f"cannot read batch file {path}: {e.strerror or e}") from None
     lines = []
-    for number, text in enumerate(texts, 1):
-        if not text.strip():
+    for number, raw in enumerate(raws, 1):
+        if not raw.strip():
             continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            lines.append(InputLine(number, None, error=f"line {number}: invalid JSON ({e.msg})"))
+        record, error = _decode_line(number, raw)
+        if error:
+            lines.append(InputLine(number, None, error=error))
             continue
         custom_id = record.get("custom_id") if isinstance(record, dict) else None
         if not isinstance(custom_id, str) or not custom_id:

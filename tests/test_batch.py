@@ -196,6 +196,9 @@ BAD_LINES = [
     (chat("nm", messages=None), "nm", "body.messages must be a non-empty list"),
     (chat("role", messages=[{"role": "robot", "content": "x"}]), "role", "body.messages[0]"),
     (chat("kw", chat_template_kwargs={"enable_thinking": "no"}), "kw", "enable_thinking"),
+    (chat("kx", chat_template_kwargs={"enable_thinking": False, "foo": 1}), "kx", "chat_template_kwargs: foo"),
+    (completion("uf", max_tokenz=3, temprature=0.5), "uf", "unknown field(s) body.max_tokenz, body.temprature"),
+    (completion("s70", seed=2**70), "s70", "body.seed must be in"),
 ]
 
 
@@ -214,6 +217,24 @@ def test_bad_lines_get_error_records_and_the_rest_still_run(tiny_engine, tmp_pat
         assert r["response"]["status_code"] == 400 and r["response"]["body"] is None
     assert summary.ok == 2 and summary.failed == len(BAD_LINES)
     assert f"Failed requests:{' ' * 25}{len(BAD_LINES)}" in log
+
+
+def test_undecodable_lines_fail_alone(tiny_engine, tmp_path):
+    """A line that is not UTF-8, holds an integer past Python's digit limit, nests past the recursion limit or
+    carries a lone surrogate gets its own error record and the others run (each stopped the whole batch, or crashed
+    it while writing the result)."""
+    bad = [b'{"custom_id": "caf\xe9"}', b'{"custom_id": "big", "body": {"max_tokens": ' + b"9" * 5000 + b"}}",
+           b"[" * 100_000 + b"]" * 100_000, json.dumps(completion("\ud800", max_tokens=2)).encode()]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\r\n".join(bad + [json.dumps(completion("ok", max_tokens=2)).encode()]) + b"\r\n")
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(tiny_engine, str(path), str(out), GREEDY, log=io.StringIO())
+    records = read_records(out)
+    assert [r["custom_id"] for r in records] == [None] * 4 + ["ok"] and summary.ok == 1 and summary.failed == 4
+    wanted = ["line 1: not UTF-8 (byte 0xe9 at column 19)", "line 2: invalid JSON (Exceeds the limit",
+              "line 3: invalid JSON (maximum recursion depth", "line 4: a string holds a lone surrogate escape"]
+    for record, message in zip(records, wanted):
+        assert record["error"]["message"].startswith(message), (record["error"]["message"], message)
 
 
 def test_duplicate_custom_ids_are_all_rejected_up_front(tiny_engine, tmp_path):
