@@ -71,14 +71,36 @@ def read_headers(paths: list[str]) -> dict:
     return found
 
 
+def _quantized(model_dir: str) -> str:
+    """Why a tensor this loader cannot take is there, when config.json's quantization_config says (a quantised
+    checkpoint's packed weights, zero points, g_idx): a clause for the error, else ''."""
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            method = (json.load(f).get("quantization_config") or {}).get("quant_method")
+    except (OSError, ValueError, AttributeError):
+        method = None
+    return f"; config.json's quantization_config is {method!r}: quantised checkpoints are not loaded" if method else ""
+
+
+def _check_tied_head(head, embed):
+    """... unless the file's lm_head.weight differs from embed_tokens (an untied export left so): transformers then
+    unties them; dropping the head would run another model without a word, so refuse."""
+    (head_path, head_key, _), (embed_path, embed_key, _) = head, embed or head
+    with safe_open(head_path, framework="pt") as f, safe_open(embed_path, framework="pt") as g:
+        if not torch.equal(f.get_tensor(head_key), g.get_tensor(embed_key)):
+            raise CheckpointError(f"{head_path}: tensor '{head_key}' differs from '{embed_key}' but config.json sets "
+                                  "tie_word_embeddings true (set it false to use this head)")
+
+
 def load_model(model_dir: str, device="cpu", dtype=torch.bfloat16, with_mtp: bool = True) -> Qwen35Model:
     cfg = ModelConfig.from_dir(model_dir)
     with torch.device("meta"):
         model = Qwen35Model(cfg, with_mtp=with_mtp)
     expected = {n: tuple(p.shape) for n, p in model.named_parameters()}
     found = read_headers(shard_files(model_dir))
-    if cfg.tie_word_embeddings:
-        found.pop("lm_head.weight", None)            # tied: the embedding is the head
+    if cfg.tie_word_embeddings and "lm_head.weight" in found:     # tied: the embedding is the head ...
+        _check_tied_head(found["lm_head.weight"], found.get("embed_tokens.weight"))
+        found.pop("lm_head.weight")
     mtp_names = [n for n in expected if n.startswith("mtp.")]
     if model.mtp is not None and not any(n in found for n in mtp_names):
         warnings.warn(f"{model_dir}: config asks for an MTP layer but the checkpoint has no mtp.* tensors; "
@@ -90,7 +112,8 @@ def load_model(model_dir: str, device="cpu", dtype=torch.bfloat16, with_mtp: boo
 
     for name, (path, key, shape) in found.items():
         if name not in expected:
-            raise CheckpointError(f"{path}: unexpected tensor '{key}' (no such parameter in this model)")
+            raise CheckpointError(f"{path}: unexpected tensor '{key}' (no such parameter in this model"
+                                  f"{_quantized(model_dir)})")
         if shape != expected[name]:
             raise CheckpointError(f"{path}: tensor '{key}' has shape {list(shape)}, expected {list(expected[name])}")
     missing = [n for n in expected if n not in found]
@@ -110,7 +133,7 @@ def load_model(model_dir: str, device="cpu", dtype=torch.bfloat16, with_mtp: boo
                     raise CheckpointError(f"{path}: tensor '{key}' could not be read: {e}") from None
                 if not (tensor.is_floating_point() and tensor.dtype.itemsize >= 2):
                     raise CheckpointError(f"{path}: tensor '{key}' has dtype {tensor.dtype}; expected fp32/fp16/bf16 "
-                                          "(quantised checkpoints are not supported by this loader)")
+                                          f"(quantised checkpoints are not supported by this loader)")
                 target = torch.float32 if name.endswith(FP32_TENSORS) else dtype
                 owner, _, leaf = name.rpartition(".")
                 model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(

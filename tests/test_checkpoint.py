@@ -150,3 +150,24 @@ def test_config_variants():
     assert nested.layer_types[:2] == ("linear_attention", "full_attention") and not nested.tie_word_embeddings
     with pytest.raises(ConfigError, match="not found"):
         ModelConfig.from_dir("/nonexistent")
+
+
+def test_tied_config_with_a_different_head_in_the_file_is_refused(ckpt):
+    """tie_word_embeddings true while the file holds an lm_head.weight of its own: transformers unties them, so
+    dropping the head would run another model without a word; an lm_head equal to the embedding loads tied."""
+    edit_config(ckpt, lambda c: c.update(tie_word_embeddings=True))
+    with pytest.raises(CheckpointError, match=r"tensor 'lm_head.weight' differs from '.*embed_tokens.weight'"):
+        load_model(ckpt)
+    embed = next(k for k in load_file(os.path.join(ckpt, "model.safetensors")) if k.endswith("embed_tokens.weight"))
+    edit_tensors(ckpt, lambda t: t.update({"lm_head.weight": t[embed].clone()}))
+    model = load_model(ckpt)
+    assert model.lm_head_weight is model.embed_tokens.weight
+
+
+def test_quantised_checkpoint_is_refused_saying_so(ckpt):
+    """A GPTQ checkpoint's extra tensors are refused with the config's quant_method named (this loader reads float
+    weights only; the int4 kernels take their own layout, layers/quant.py)."""
+    edit_config(ckpt, lambda c: c.update(quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128}))
+    edit_tensors(ckpt, lambda t: t.update({"model.language_model.layers.0.mlp.down_proj.g_idx": torch.zeros(4)}))
+    with pytest.raises(CheckpointError, match=r"down_proj.g_idx' .*quantization_config is 'gptq'"):
+        load_model(ckpt)
