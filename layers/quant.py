@@ -158,14 +158,22 @@ def dequantize_int4(w: Int4Weight) -> torch.Tensor:
 
 
 def int4_from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, sym: bool,
-                   group: int = GROUP, v1: bool = True) -> Int4Weight:
-    """GPTQ tensors (qweight [K/8, N], qzeros [K/G, N/8], scales [K/G, N]) → Int4Weight. GPTQ v1 stores z − 1
+                   group: int = GROUP, v1: bool = True, g_idx: torch.Tensor = None) -> Int4Weight:
+    """GPTQ tensors (qweight [K/8, N], qzeros [K/G, N/8], scales [K/G, N], 4-bit) → Int4Weight. GPTQ v1 stores z − 1
     (QUANT.md §2.1), the codes are repacked into the mma layout. Symmetric checkpoints must have every zero at 8;
-    asymmetric ones get zs = −z·s."""
+    asymmetric ones get zs = −z·s. ValueError for what this layout cannot hold, rather than wrong weights: scales
+    whose rows are not one per `group` rows of K, or act-order (a g_idx other than k // group: each row's group
+    would have to travel with it)."""
+    K = qweight.shape[0] * 8
+    if scales.shape[0] != -(-K // group):
+        raise ValueError(f"scales have {scales.shape[0]} rows: not one per {group} of K = {K} (group size?)")
+    if g_idx is not None and not torch.equal(g_idx.cpu().long(), torch.arange(K) // group):
+        raise ValueError("act-order GPTQ (g_idx is not k // group_size): not supported")
     z = unpack_int4(qzeros, dim=1).to(torch.int32) + (1 if v1 else 0)
     words = pack_mma(unpack_int4(qweight))
     if sym:
-        assert bool((z == 8).all()), "sym checkpoint with zero points other than 8"
+        if not bool((z == 8).all()):
+            raise ValueError("sym checkpoint with zero points other than 8")
         return Int4Weight(words, scales.contiguous(), None, group)
     zs = (-z.float() * scales.float()).to(scales.dtype)
     return Int4Weight(words, scales.contiguous(), zs.contiguous(), group)

@@ -108,8 +108,17 @@ def test_int4_from_gptq_v1(sym):
     else:
         z = torch.round(-q.zs.float() / q.scales.float()).to(torch.int64)
     qzeros = pack_int4((z - 1).to(torch.uint8), dim=1)                    # GPTQ v1 stores z − 1
-    c = int4_from_gptq(pack_int4(unpack_mma(q.qweight)), qzeros, q.scales, sym=sym)
+    qweight = pack_int4(unpack_mma(q.qweight))
+    c = int4_from_gptq(qweight, qzeros, q.scales, sym=sym, g_idx=torch.arange(256) // 128)
     assert rel_err(dequantize_int4(c), dequantize_int4(q)) < 1e-3
+    # what the mma layout cannot hold is refused, not converted into other weights
+    with pytest.raises(ValueError, match="act-order"):
+        int4_from_gptq(qweight, qzeros, q.scales, sym=sym, g_idx=torch.randperm(256, generator=gen) // 128)
+    with pytest.raises(ValueError, match="not one per 64 of K = 256"):
+        int4_from_gptq(qweight, qzeros, q.scales, sym=sym, group=64)
+    if sym:
+        with pytest.raises(ValueError, match="zero points other than 8"):
+            int4_from_gptq(qweight, pack_int4(torch.full((2, 16), 6, dtype=torch.uint8), dim=1), q.scales, sym=True)
 
 
 def test_quantize_act_int8():
