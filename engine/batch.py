@@ -270,26 +270,44 @@ def read_input(path: str) -> list[InputLine]:
     return lines
 
 
+RECORD_KEYS = {"id", "custom_id", "response", "error"}     # a result line's keys (_record)
+
+
 def _done_in(path: str | None) -> tuple[set, set]:
     """custom_ids already answered in an earlier run, and error messages of line-number-only records. A torn last
-    line (the process died mid-write) is cut off so the next append starts on a fresh line."""
+    line (the process died mid-write: a record's start) is cut off so the next append starts on a fresh line. A
+    file that holds anything but result records is refused: it is not ours to append to, let alone cut."""
     if not path or not os.path.exists(path):
         return set(), set()
-    with open(path, "rb") as f:
-        data = f.read()
-    if data and not data.endswith(b"\n"):
-        data = data[:data.rfind(b"\n") + 1]
-        with open(path, "r+b") as f:
-            f.truncate(len(data))
-    ids, messages = set(), set()
-    for text in data.decode("utf-8", "replace").splitlines():
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise BatchFileError(f"cannot read {path}: {e.strerror}") from None
+    complete, _, torn = data.rpartition(b"\n")
+    records = []
+    for number, text in enumerate(complete.decode("utf-8", "replace").splitlines(), 1):
         try:
-            record = json.loads(text)
-        except json.JSONDecodeError:
+            record = json.loads(text) if text.strip() else None
+        except (ValueError, RecursionError):
+            record = {}
+        if record is not None and not (isinstance(record, dict) and set(record) == RECORD_KEYS):
+            raise BatchFileError(f"{path}: line {number} is not a batch result record: not a results file "
+                                 "to resume (give another --output)")
+        records.append(record)
+    if torn:
+        if not torn.startswith(b'{"id": "batch_req_'):
+            raise BatchFileError(f"{path}: its last line is not a batch result record: not a results file to "
+                                 "resume (give another --output)")
+        with open(path, "r+b") as f:
+            f.truncate(len(data) - len(torn))
+    ids, messages = set(), set()
+    for record in records:
+        if record is None:
             continue
-        if isinstance(record, dict) and record.get("custom_id") is not None:
+        if record.get("custom_id") is not None:
             ids.add(record["custom_id"])
-        elif isinstance(record, dict) and isinstance(record.get("error"), dict):
+        elif isinstance(record.get("error"), dict):
             messages.add(record["error"].get("message"))
     return ids, messages
 
@@ -395,11 +413,29 @@ def _open_append(path: str):
         raise BatchFileError(f"cannot write {path}: {e.strerror}") from None
 
 
+def _check_paths(in_path: str, out_path: str, errors_path: str | None, summary_path: str | None):
+    """Before any request runs: no two of the files are one (the input would be read as finished results, or
+    overwritten by the summary), and the summary can be written where it goes (not found out after the batch)."""
+    named = [(n, p) for n, p in (("--batch-file", in_path), ("--output", out_path), ("--batch-errors", errors_path),
+                                 ("--batch-summary-json", summary_path)) if p]
+    seen = {}
+    for name, path in named:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise BatchFileError(f"{name} and {seen[real]} are the same file: {path}")
+        seen[real] = name
+    if summary_path:
+        parent = os.path.dirname(os.path.abspath(summary_path))
+        if os.path.isdir(summary_path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            raise BatchFileError(f"cannot write {summary_path}: not a writable file path")
+
+
 def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *, errors_path: str | None = None,
               summary_path: str | None = None, log=None) -> BatchSummary:
     """Run every request of `in_path`, appending one record per line to `out_path` (failures to `errors_path`
     instead, OpenAI style, when given). Progress and the summary go to `log` (default: stderr)."""
     log = log or sys.stderr
+    _check_paths(in_path, out_path, errors_path, summary_path)
     lines = read_input(in_path)
     done_ids, done_errors = _done_in(out_path)
     if errors_path:

@@ -2,6 +2,7 @@
 strings, the reasoning split, per-line errors, duplicate ids, resuming after a crash, progress and summary."""
 import io
 import json
+import os
 
 import pytest
 
@@ -286,3 +287,23 @@ def test_progress_summary_and_summary_json(tiny_engine, tmp_path):
 def test_unreadable_batch_file_is_a_batch_error(tiny_engine, tmp_path):
     with pytest.raises(BatchFileError, match="cannot read batch file .*missing.jsonl"):
         run_batch(tiny_engine, str(tmp_path / "missing.jsonl"), str(tmp_path / "out.jsonl"), GREEDY, log=io.StringIO())
+
+
+def test_files_that_are_one_or_not_ours_are_refused_before_running(tiny_engine, tmp_path):
+    """Checked before any request runs, naming the flags: the input given as --output (its ids would read as
+    finished: nothing run) or as the summary (overwritten); a summary path that cannot be written (found only after
+    the batch before); an --output that is a directory, or a file of something other than result records (its
+    unterminated last line was cut as a torn record)."""
+    src = write_lines(tmp_path / "in.jsonl", [completion("a", max_tokens=2)])
+    out = str(tmp_path / "out.jsonl")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\nno newline at the end")
+    cases = [((src, src), {}, "--output and --batch-file are the same file"),
+             ((src, out), dict(summary_path=src), "--batch-summary-json and --batch-file are the same file"),
+             ((src, out), dict(summary_path=str(tmp_path / "nodir" / "s.json")), "cannot write .*s.json"),
+             ((src, str(tmp_path)), {}, "cannot read"),
+             ((src, str(notes)), {}, "line 1 is not a batch result record")]
+    for (in_path, out_path), kw, message in cases:
+        with pytest.raises(BatchFileError, match=message):
+            run_batch(tiny_engine, in_path, out_path, GREEDY, log=io.StringIO(), **kw)
+    assert notes.read_text() == "my notes\nno newline at the end" and not os.path.exists(out)
