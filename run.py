@@ -5,9 +5,12 @@ Sampling flags default to the model's generation_config. User errors (missing mo
 flag) print one line naming what is wrong and exit with status 2, without a traceback."""
 import argparse
 import json
+import math
+import re
 import sys
 
 EXIT_USAGE = 2
+MAX_SPEC_K = 16              # MTP drafts per step: each costs a draft pass; beyond a few, acceptance is ~0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,16 +45,37 @@ def _check_args(p: argparse.ArgumentParser, args):
         p.error("give --prompt TEXT, --interactive or --batch-file IN.jsonl")
     if args.batch_file and not args.output:
         p.error("--batch-file needs --output OUT.jsonl")
+    # flags that the chosen mode would ignore: say so rather than run without them
+    ignored = ([f for f, v in (("--output", args.output), ("--batch-errors", args.batch_errors),
+                               ("--batch-summary-json", args.batch_summary_json)) if v] if not args.batch_file else
+               [f for f, v in (("--json", args.json), ("--raw", args.raw), ("--system", args.system),
+                               ("--no-think", args.no_think)) if v])
+    if ignored:
+        p.error(f"{', '.join(ignored)} cannot be used {'without' if not args.batch_file else 'with'} --batch-file")
+    if args.model == "":
+        p.error("--model must name a checkpoint directory")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        p.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if args.max_new_tokens < 1:
         p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.spec_k < 0:
-        p.error(f"--spec-k must be >= 0, got {args.spec_k}")
-    if args.temperature is not None and args.temperature < 0:
-        p.error(f"--temperature must be >= 0, got {args.temperature}")
-    if args.top_k is not None and args.top_k < 0:
-        p.error(f"--top-k must be >= 0, got {args.top_k}")
+    if not 0 <= args.spec_k <= MAX_SPEC_K:
+        p.error(f"--spec-k must be in [0, {MAX_SPEC_K}], got {args.spec_k}")
+    if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature >= 0):
+        p.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.top_k is not None and not 0 <= args.top_k < 2**31:
+        p.error(f"--top-k must be in [0, 2^31), got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         p.error(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.seed is not None and not -2**63 <= args.seed < 2**64:
+        p.error(f"--seed must be in [-2^63, 2^64), got {args.seed}")
+    for flag, texts in (("--prompt", args.prompt or []), ("--system", [args.system] if args.system else [])):
+        for text in texts:
+            if flag == "--prompt" and not text:
+                p.error("--prompt must not be empty")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:        # argv bytes that are not UTF-8 arrive as lone surrogates
+                p.error(f"{flag} is not valid UTF-8")
 
 
 def _sampling(args, defaults):
@@ -128,14 +152,14 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_args(parser, args)
-    from engine.engine import Engine
-    from engine.repl import run_repl
     try:
-        engine = Engine.load(args.model, device=args.device, dtype=args.dtype, spec_k=args.spec_k)
-    except (ValueError, OSError) as e:       # FileNotFoundError included: a wrong --model is a user error
-        return _user_error(e)
-    sampling = _sampling(args, engine.defaults)
-    try:
+        from engine.engine import Engine
+        from engine.repl import run_repl
+        try:
+            engine = Engine.load(args.model, device=args.device, dtype=args.dtype, spec_k=args.spec_k)
+        except (ValueError, OSError) as e:   # FileNotFoundError included: a wrong --model is a user error
+            return _user_error(e)
+        sampling = _sampling(args, engine.defaults)
         if args.batch_file:
             return _run_batch(engine, args, sampling)
         if args.interactive:

@@ -155,6 +155,18 @@ def test_unreadable_batch_file_exits_2(capsys, model_dir, tmp_path, args, messag
     (["--prompt", "x", "--top-p", "2"], "--top-p must be in (0, 1]"),
     (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--prompt", "x", "--interactive"], "not allowed with"),
+    (["--prompt", "x", "--output", "o.jsonl"], "--output cannot be used without --batch-file"),
+    (["--batch-file", "in.jsonl", "--output", "o.jsonl", "--json", "--no-think"],
+     "--json, --no-think cannot be used with --batch-file"),
+    (["--prompt", ""], "--prompt must not be empty"),
+    (["--prompt", "\udcff\udcfehi"], "--prompt is not valid UTF-8"),          # argv bytes 0xff 0xfe
+    (["--prompt", "x", "--temperature", "inf"], "--temperature must be a finite number"),
+    (["--prompt", "x", "--temperature", "nan"], "--temperature must be a finite number"),
+    (["--prompt", "x", "--top-k", "99999999999999999999"], "--top-k must be in [0, 2^31)"),
+    (["--prompt", "x", "--spec-k", "1000"], "--spec-k must be in [0, 16]"),
+    (["--prompt", "x", "--seed", str(2**64)], "--seed must be in [-2^63, 2^64)"),
+    (["--prompt", "x", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+    (["--prompt", "x", "--model", ""], "--model must name a checkpoint directory"),
 ])
 def test_bad_flags_exit_2(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
