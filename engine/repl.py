@@ -75,6 +75,8 @@ def run_repl(engine, sampling, *, max_new_tokens: int, enable_thinking: bool = T
     """Chat until /exit or end of input; returns the exit status. The assistant's answers (an interrupted one
     too, as far as it got) go back into the history, so each turn sees the whole conversation."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    if stdin is sys.stdin and hasattr(stdin, "reconfigure"):
+        stdin.reconfigure(errors="surrogateescape")     # bytes that are not UTF-8 reach the check below, not a crash
     stdout.write(f"Chatting with {engine.model_dir}. {HELP}\n")
     history: list[dict] = []
     while True:
@@ -88,6 +90,11 @@ def run_repl(engine, sampling, *, max_new_tokens: int, enable_thinking: bool = T
             return 0
         text = line.strip()
         if not text:
+            continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            stdout.write("error: that line is not valid UTF-8\n")
             continue
         if text.startswith("/"):
             command = text.split()[0]

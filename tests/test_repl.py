@@ -109,3 +109,11 @@ def test_thinking_turn_reaches_the_history_without_its_reasoning(tiny_engine, pr
     chat(tiny_engine, "q1\nq2\n", enable_thinking=True)
     assert prompts[0][0].endswith("<|im_start|>assistant\n<think>\n")
     assert "[Start thinking]" not in prompts[1][0] and "q1" in prompts[1][0]
+
+
+def test_a_line_that_is_not_utf8_is_refused_alone(tiny_engine, prompts):
+    """Bytes that are not UTF-8 (read with surrogateescape: lone surrogates) get one error line; the session goes on
+    (they crashed it, history and all)."""
+    status, out = chat(tiny_engine, "caf\udce9\nhello\n", enable_thinking=False)
+    assert status == 0 and "error: that line is not valid UTF-8" in out and len(prompts) == 1
+    assert "hello" in prompts[0][0]
