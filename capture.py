@@ -19,7 +19,7 @@ def main(argv=None):
     try:
         cfg = ModelConfig.from_dir(args.model or DEMO_MODEL)
         profile = load_profile(args.profile)
-    except (ConfigError, ValueError) as e:
+    except (ConfigError, ValueError, OSError) as e:        # OSError: a --model that is a file, say
         print(f"error: {e}", file=sys.stderr)
         return 2
     p = plan(cfg, profile)

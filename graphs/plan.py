@@ -12,13 +12,42 @@ BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1}
 
 
 def load_profile(name: str) -> dict:
+    """profiles/<name>.json (or a path), its fields checked: ValueError naming the file and field."""
     path = name if name.endswith(".json") else os.path.join(PROFILES, name + ".json")
     try:
         with open(path) as f:
-            return json.load(f)
+            profile = json.load(f)
     except FileNotFoundError:
         known = ", ".join(sorted(p[:-5] for p in os.listdir(PROFILES) if p.endswith(".json")))
         raise ValueError(f"hardware profile {name!r} not found (known: {known})") from None
+    except (OSError, ValueError) as e:              # a directory, unreadable, not JSON
+        raise ValueError(f"{path}: not a readable JSON profile: {e}") from None
+    _check_profile(path, profile)
+    return profile
+
+
+def _check_profile(path: str, profile):
+    def fail(field, why):
+        raise ValueError(f"{path}: field '{field}': {why}")
+
+    if not isinstance(profile, dict):
+        raise ValueError(f"{path}: must be a JSON object")
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")  # noqa: E731
+    count = lambda v: isinstance(v, int) and not isinstance(v, bool)                                  # noqa: E731
+    for field in ("name", "memory_gib", "bandwidth_GBps", "spec_k", "kv_dtype", "state_dtype", "batch_buckets"):
+        if field not in profile:
+            fail(field, "missing")
+    for field in ("memory_gib", "bandwidth_GBps"):
+        if not number(profile[field]):
+            fail(field, f"must be a positive number, got {profile[field]!r}")
+    if not count(profile["spec_k"]) or not 0 <= profile["spec_k"] <= 16:
+        fail("spec_k", f"must be an integer in [0, 16], got {profile['spec_k']!r}")
+    for field in ("kv_dtype", "state_dtype"):
+        if profile[field] not in BYTES:
+            fail(field, f"{profile[field]!r} is not one of {', '.join(BYTES)}")
+    buckets = profile["batch_buckets"]
+    if not isinstance(buckets, list) or not buckets or not all(count(b) and b >= 1 for b in buckets):
+        fail("batch_buckets", f"must be a non-empty list of batch sizes >= 1, got {buckets!r}")
 
 
 @dataclass

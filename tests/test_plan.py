@@ -1,4 +1,6 @@
 """The static memory plan reproduces QUANT.md §7's 27B budget on the RTX 3090 profile."""
+import json
+
 import pytest
 
 from capture import main
@@ -24,3 +26,23 @@ def test_capture_reports_errors(capsys):
     assert main(["--model", "/nonexistent"]) == 2
     assert "config.json: not found" in capsys.readouterr().err
     assert main(["--model", "/nonexistent", "--profile", "nope"]) == 2
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda p: p.update(memory_gib="24"), "memory_gib"), (lambda p: p.update(memory_gib=-1), "memory_gib"),
+    (lambda p: p.update(batch_buckets=[0]), "batch_buckets"),
+    (lambda p: p.update(batch_buckets=[1.5]), "batch_buckets"),
+    (lambda p: p.update(kv_dtype="int3"), "kv_dtype"), (lambda p: p.pop("spec_k"), "spec_k"),
+    (lambda p: p.update(spec_k=-1), "spec_k"),
+])
+def test_profile_fields_are_checked_by_name(tmp_path, capsys, edit, field):
+    """A bad profile field fails in one line naming it (they raised tracebacks, or printed a nonsense plan)."""
+    profile = load_profile("rtx3090")
+    edit(profile)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(profile))
+    assert main(["--profile", str(path)]) == 2
+    assert f"field '{field}'" in capsys.readouterr().err
+    path.write_text("[1, 2]")
+    assert main(["--profile", str(path)]) == 2 and "must be a JSON object" in capsys.readouterr().err
+    assert main(["--profile", str(tmp_path) + "/x.json", "--model", str(path)]) == 2
