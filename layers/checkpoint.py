@@ -40,7 +40,7 @@ def shard_files(model_dir: str) -> list[str]:
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{index}: not a valid index (needs a 'weight_map' object): {e}") from None
         files = sorted(set(weight_map.values()))
-    elif os.path.exists(os.path.join(model_dir, "model.safetensors")):
+    elif os.path.isfile(os.path.join(model_dir, "model.safetensors")):
         files = ["model.safetensors"]
     else:
         found = sorted(f for f in os.listdir(model_dir) if f.endswith((".bin", ".pt", ".pth", ".ckpt")))

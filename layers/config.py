@@ -146,6 +146,8 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, model_dir: str) -> "ModelConfig":
         path = os.path.join(model_dir, "config.json")
+        if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+            raise ConfigError(f"{model_dir}: a file, not a model directory")
         try:
             with open(path) as f:
                 raw = json.load(f)
@@ -153,6 +155,8 @@ class ModelConfig:
             raise ConfigError(f"{path}: not found (is {model_dir!r} a model directory?)") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: not valid JSON: {e}") from None
+        except OSError as e:                       # a directory, unreadable
+            raise ConfigError(f"{path}: cannot be read: {e.strerror}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: must hold a JSON object")
         return cls.from_dict(raw, path)

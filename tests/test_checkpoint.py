@@ -171,3 +171,14 @@ def test_quantised_checkpoint_is_refused_saying_so(ckpt):
     edit_tensors(ckpt, lambda t: t.update({"model.language_model.layers.0.mlp.down_proj.g_idx": torch.zeros(4)}))
     with pytest.raises(CheckpointError, match=r"down_proj.g_idx' .*quantization_config is 'gptq'"):
         load_model(ckpt)
+
+
+def test_model_path_that_is_a_file_or_a_directory_named_like_a_file(ckpt, tmp_path):
+    """--model naming a file, and model.safetensors being a directory, fail naming them (they said 'does not exist'
+    and 'No such device (os error 19)')."""
+    with pytest.raises(ConfigError, match="a file, not a model directory"):
+        ModelConfig.from_dir(os.path.join(ckpt, "config.json"))
+    os.remove(os.path.join(ckpt, "model.safetensors"))
+    os.mkdir(os.path.join(ckpt, "model.safetensors"))
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        load_model(ckpt)
