@@ -101,9 +101,8 @@ def _peak_memory_line(device: str) -> str:
     return ""
 
 
-def _one_shot(engine, args, prompt: str, sampling):
+def _one_shot(engine, args, prompt: str, ids: list, sampling):
     from engine.repl import EchoStream, mtp_summary
-    ids = _prompt_ids(engine, args, prompt)
     if args.json:
         result = engine.generate(ids, args.max_new_tokens, sampling, ignore_eos=args.ignore_eos)
         print(json.dumps({"prompt": prompt, "prompt_tokens": len(ids), "token_ids": result.token_ids,
@@ -122,7 +121,7 @@ def _one_shot(engine, args, prompt: str, sampling):
           + (f"\nMTP accept: {mtp_summary(s)}" if s.drafted else "") + _peak_memory_line(args.device), flush=True)
 
 
-def _user_error(e: Exception) -> int:
+def _user_error(e) -> int:
     print(f"error: {e}", file=sys.stderr)
     return EXIT_USAGE
 
@@ -140,10 +139,21 @@ def _run_batch(engine, args, sampling) -> int:
 
 
 def _run_prompts(engine, args, sampling) -> int:
-    for prompt in args.prompt:
+    limit = engine.model.cfg.max_position_embeddings
+    prompts = []
+    for n, prompt in enumerate(args.prompt, 1):        # every prompt checked before the first is answered
         try:
-            _one_shot(engine, args, prompt, sampling)
-        except ValueError as e:              # the engine refuses the prompt, e.g. longer than the model's context
+            ids = _prompt_ids(engine, args, prompt)
+        except ValueError as e:
+            return _user_error(e)
+        if len(ids) + args.max_new_tokens > limit:
+            return _user_error(f"--prompt {n}: {len(ids)} tokens + --max-new-tokens {args.max_new_tokens} exceed the "
+                               f"model's max_position_embeddings ({limit})")
+        prompts.append((prompt, ids))
+    for prompt, ids in prompts:
+        try:
+            _one_shot(engine, args, prompt, ids, sampling)
+        except ValueError as e:              # the engine refuses the prompt (a token id outside the vocabulary)
             return _user_error(e)
     return 0
 

@@ -137,6 +137,11 @@ def test_prompt_too_long_exits_2(capsys, model_dir):
     assert run.main(["--model", model_dir, "--raw", "--prompt", "x" * 600, "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "max_position_embeddings" in err and err.count("\n") == 1
+    # every prompt is checked before the first is answered: nothing generated, nothing on stdout
+    assert run.main(["--model", model_dir, "--raw", "--prompt", "ok", "--prompt", "x" * 600, "--max-new-tokens",
+                     "4"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: --prompt 2: ")
 
 
 @pytest.mark.parametrize("args, message", [
