@@ -87,20 +87,17 @@ class Generator:
         out, stop_ids = [], set(stop_ids)
 
         def emit(tokens):
-            """Append tokens in order up to a stop id or the length limit; the finish reason, or None to go on."""
-            new, reason = [], None
+            """Append tokens in order up to a stop id, the length limit or on_tokens' request to stop — handed them
+            one at a time, so where a caller stops does not depend on how many a step emits (spec_k); the finish
+            reason, or None to go on."""
             for t in tokens:
-                new.append(t)
-                if t in stop_ids:
+                out.append(t)
+                reason = "stop" if t in stop_ids else "length" if len(out) == max_new_tokens else None
+                if on_tokens is not None and on_tokens([t]) and reason is None:
                     reason = "stop"
-                elif len(out) + len(new) == max_new_tokens:
-                    reason = "length"
                 if reason:
-                    break
-            out.extend(new)
-            if on_tokens is not None and on_tokens(new) and reason is None:
-                reason = "stop"
-            return reason
+                    return reason
+            return None
 
         t_start = time.perf_counter()
         ids = torch.tensor([prompt_ids], device=self.device)
@@ -125,10 +122,12 @@ class Generator:
             a = accepted.item()
             cache.commit(a + 1)
             stats.drafted += k
-            stats.accepted += a
-            for i in range(a):
-                stats.accepted_per_position[i] += 1
+            before = len(out)
             reason = emit(drafts[0, :a].tolist() + [t_next.item()])
+            used = min(a, len(out) - before)         # accepted drafts past a stop or the length limit are not output
+            stats.accepted += used
+            for i in range(used):
+                stats.accepted_per_position[i] += 1
             if reason is None:
                 y = model.mtp_forward(torch.cat([drafts[:, :a], t_next[:, None]], 1), hidden[:, :a + 1], cache)
                 drafts, draft_probs = self._draft(y[:, -1:], cache, k, sampling, gen)

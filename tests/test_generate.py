@@ -32,31 +32,55 @@ def test_greedy_equals_transformers(setup, k):
     assert got.stats.drafted == k * got.stats.steps
 
 
-def test_greedy_unchanged_by_partly_right_drafts(setup, monkeypatch):
-    """Random weights accept almost nothing, so replace the drafter with an oracle that proposes the true greedy
-    continuation but corrupts it at random positions: every acceptance count 0…k occurs and the output stays the
-    same, which it only does if KV, conv and recurrent state roll back exactly."""
-    _, gen = setup
-    prompt = list(range(5, 16))
-    want = gen.generate(prompt, 48, GREEDY, spec_k=0).token_ids
+def oracle_drafts(monkeypatch, prompt, want, right=0.75):
+    """Random weights accept almost nothing, so the drafter is replaced by an oracle that proposes the true greedy
+    continuation `want` but corrupts each position with probability 1 − right."""
     rng = torch.Generator().manual_seed(0)
-    seen = set()
     real_draft = Generator._draft
 
     def oracle(self, y, cache, k, params, g):
         real_draft(self, y, cache, k, params, g)                       # keep the MTP's own cache traffic
         done = cache.length - len(prompt) + 1                          # tokens emitted so far
         truth = (want + [0] * (k + 1))[done:done + k]
-        drafts = [t if torch.rand(1, generator=rng).item() < 0.75 else (t + 1) % 300 for t in truth]
+        drafts = [t if torch.rand(1, generator=rng).item() < right else (t + 1) % 300 for t in truth]
         return torch.tensor([drafts]), None
 
     monkeypatch.setattr(Generator, "_draft", oracle)
+
+
+def test_greedy_unchanged_by_partly_right_drafts(setup, monkeypatch):
+    """With oracle drafts every acceptance count 0…k occurs and the output stays the same, which it only does if
+    KV, conv and recurrent state roll back exactly."""
+    _, gen = setup
+    prompt = list(range(5, 16))
+    want = gen.generate(prompt, 48, GREEDY, spec_k=0).token_ids
+    seen = set()
+    oracle_drafts(monkeypatch, prompt, want)
     for k in (2, 4, 6):
         out = gen.generate(prompt, 48, GREEDY, spec_k=k)
         assert out.token_ids == want
         seen.update(range(out.stats.accepted_per_position.count(0), k + 1))
         assert out.stats.accepted > out.stats.steps                      # drafting really did the work
     assert len(seen) > 3
+
+
+def test_where_a_caller_stops_and_the_counts_do_not_depend_on_spec_k(setup, monkeypatch):
+    """Several tokens a step (right drafts): a callback that stops after 5 tokens gets 5 at every spec_k (the step's
+    whole chunk was output before), and `accepted` counts only drafts that were output (not those past a stop id or
+    the length limit): every step outputs its accepted drafts and then its own token, but the last may be cut
+    short."""
+    _, gen = setup
+    prompt = list(range(5, 16))
+    want = gen.generate(prompt, 30, GREEDY, spec_k=0).token_ids
+    oracle_drafts(monkeypatch, prompt, want, right=1.0)
+    for k in (0, 2, 4):
+        seen = []
+        out = gen.generate(prompt, 30, GREEDY, spec_k=k, on_tokens=lambda new: seen.extend(new) or len(seen) == 5)
+        assert out.token_ids == seen == want[:5] and out.finish_reason == "stop"
+        for stop_ids, n in ((set(), 30), ({want[7]}, want.index(want[7]) + 1)):
+            out = gen.generate(prompt, 30, GREEDY, spec_k=k, stop_ids=stop_ids)
+            assert out.token_ids == want[:n] and n - 1 - out.stats.accepted in (out.stats.steps - 1, out.stats.steps)
+            assert out.stats.accepted == sum(out.stats.accepted_per_position)
 
 
 def test_stop_ids_length_and_callback(setup):
