@@ -9,8 +9,9 @@ import math
 import re
 import sys
 
+from graphs.plan import MAX_SPEC_K
+
 EXIT_USAGE = 2
-MAX_SPEC_K = 16              # MTP drafts per step: each costs a draft pass; beyond a few, acceptance is ~0
 
 
 def build_parser() -> argparse.ArgumentParser:

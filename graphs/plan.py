@@ -9,6 +9,7 @@ from layers.config import ModelConfig
 
 PROFILES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1}
+MAX_SPEC_K = 16              # MTP drafts per step: each costs a draft pass; beyond a few, acceptance is ~0
 
 
 def load_profile(name: str) -> dict:
@@ -40,8 +41,8 @@ def _check_profile(path: str, profile):
     for field in ("memory_gib", "bandwidth_GBps"):
         if not number(profile[field]):
             fail(field, f"must be a positive number, got {profile[field]!r}")
-    if not count(profile["spec_k"]) or not 0 <= profile["spec_k"] <= 16:
-        fail("spec_k", f"must be an integer in [0, 16], got {profile['spec_k']!r}")
+    if not count(profile["spec_k"]) or not 0 <= profile["spec_k"] <= MAX_SPEC_K:
+        fail("spec_k", f"must be an integer in [0, {MAX_SPEC_K}], got {profile['spec_k']!r}")
     for field in ("kv_dtype", "state_dtype"):
         if profile[field] not in BYTES:
             fail(field, f"{profile[field]!r} is not one of {', '.join(BYTES)}")

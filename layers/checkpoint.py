@@ -133,7 +133,7 @@ def load_model(model_dir: str, device="cpu", dtype=torch.bfloat16, with_mtp: boo
                     raise CheckpointError(f"{path}: tensor '{key}' could not be read: {e}") from None
                 if not (tensor.is_floating_point() and tensor.dtype.itemsize >= 2):
                     raise CheckpointError(f"{path}: tensor '{key}' has dtype {tensor.dtype}; expected fp32/fp16/bf16 "
-                                          f"(quantised checkpoints are not supported by this loader)")
+                                          "(quantised checkpoints are not supported by this loader)")
                 target = torch.float32 if name.endswith(FP32_TENSORS) else dtype
                 owner, _, leaf = name.rpartition(".")
                 model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(
