@@ -11,6 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from engine.logprobs import MAX_TOP_LOGPROBS, chat_logprobs, completion_logprobs
 from engine.sampling import SamplingParams
 from engine.text_stream import TextStream
 
@@ -58,6 +59,7 @@ class Request:
     stops: tuple
     ignore_eos: bool
     thinking: bool                 # the chat prompt opened a `<think>` block: the output starts with reasoning
+    logprobs: int | None = None    # alternatives a token to report with its log-probability; None: no logprobs
 
 
 def _number(body: dict, key: str, default, rule: str, ok, *, integer: bool = False):
@@ -104,11 +106,27 @@ def _check_unsupported(body: dict):
         raise RequestError(f"body.n must be 1, got {body['n']!r}")
     if body.get("stream"):
         raise RequestError("body.stream is not supported in a batch file")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise RequestError("logprobs are not supported by this engine")
     for key, neutral in UNSUPPORTED_NEUTRAL.items():
         if body.get(key) is not None and body[key] != neutral:
             raise RequestError(f"body.{key} is not supported by this engine")
+
+
+def _logprobs(url: str, body: dict) -> int | None:
+    """How many alternatives each token's log-probability comes with, or None when none is asked for. Chat takes
+    `logprobs: true` plus `top_logprobs: n`; completions take `logprobs: n` (OpenAI's two APIs)."""
+    rule = f"in [0, {MAX_TOP_LOGPROBS}]"
+    in_range = lambda v: 0 <= v <= MAX_TOP_LOGPROBS          # noqa: E731
+    if url == COMPLETIONS_URL:
+        if body.get("top_logprobs") is not None:
+            raise RequestError("body.top_logprobs is a chat field: /v1/completions takes body.logprobs as a count")
+        return _number(body, "logprobs", None, rule, in_range, integer=True)
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise RequestError(f"body.logprobs must be true or false on {CHAT_URL}, got {wanted!r}")
+    top = _number(body, "top_logprobs", None, rule, in_range, integer=True)
+    if top is not None and not wanted:
+        raise RequestError("body.top_logprobs needs body.logprobs: true")
+    return (top or 0) if wanted else None
 
 
 def _prompt_ids(engine, url: str, body: dict) -> tuple[list, bool]:
@@ -167,10 +185,11 @@ def parse_request(engine, record: dict, defaults: RequestDefaults) -> Request:
     ignore_eos = body.get("ignore_eos", defaults.ignore_eos)
     if not isinstance(ignore_eos, bool):
         raise RequestError(f"body.ignore_eos must be true or false, got {ignore_eos!r}")
+    logprobs = _logprobs(url, body)
     prompt_ids, thinking = _prompt_ids(engine, url, body)
     sampling = SamplingParams(temperature=float(temperature), top_k=max(top_k, 0), top_p=float(top_p), seed=seed)
     return Request(record["custom_id"], url, model, prompt_ids, max_tokens, sampling, _stops(body), ignore_eos,
-                   thinking)
+                   thinking, logprobs)
 
 
 def _timings(stats, started: float, first_token_at: float | None) -> dict:
@@ -189,7 +208,7 @@ def run_request(engine, request: Request, think_end_id: int | None) -> tuple[dic
                         think_end_id=think_end_id if request.url == CHAT_URL else None)
     started = time.perf_counter()
     result = engine.generate(request.prompt_ids, request.max_tokens, request.sampling, ignore_eos=request.ignore_eos,
-                             on_tokens=stream)
+                             on_tokens=stream, logprobs=request.logprobs)
     reasoning, answer = stream.finish()
     finish_reason = "stop" if stream.cut is not None else result.finish_reason
     stats = result.stats
@@ -198,12 +217,14 @@ def run_request(engine, request: Request, think_end_id: int | None) -> tuple[dic
                         "total_tokens": stats.prompt_tokens + stats.generated},
               "timings": _timings(stats, started, stream.first_token_at)}
     if request.url == COMPLETIONS_URL:
-        choice = {"index": 0, "text": answer, "logprobs": None, "finish_reason": finish_reason}
+        logprobs = None if result.logprobs is None else completion_logprobs(engine.tokenizer, result.logprobs)
+        choice = {"index": 0, "text": answer, "logprobs": logprobs, "finish_reason": finish_reason}
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "choices": [choice], **common}, stats
     if reasoning is None and request.thinking and think_end_id is not None:
         reasoning, answer = answer, None           # cut off inside the reasoning block: all of it is reasoning
     message = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+    logprobs = None if result.logprobs is None else chat_logprobs(engine.tokenizer, result.logprobs)
+    choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "choices": [choice], **common}, stats
 
 

@@ -38,7 +38,8 @@ class Engine:
 
     def generate(self, prompt_ids: list, max_new_tokens: int, sampling: SamplingParams, *, stop_ids=None,
                  ignore_eos: bool = False, spec_k: int | None = None,
-                 on_tokens: Callable[[list], bool | None] | None = None) -> GenerationResult:
+                 on_tokens: Callable[[list], bool | None] | None = None, logprobs: int | None = None
+                 ) -> GenerationResult:
         stops = () if ignore_eos else (self.defaults.stop_ids if stop_ids is None else stop_ids)
         k = self.spec_k if spec_k is None else spec_k                     # the generator drops it without MTP
         vocab = self.model.cfg.vocab_size
@@ -46,4 +47,4 @@ class Engine:
         if bad:
             raise ValueError(f"prompt token id(s) {bad[:5]} outside the model's vocabulary (size {vocab})")
         return self.generator.generate(list(prompt_ids), max_new_tokens, sampling, stop_ids=stops, spec_k=k,
-                                       on_tokens=on_tokens)
+                                       on_tokens=on_tokens, logprobs=logprobs)

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from engine.logprobs import MAX_TOP_LOGPROBS, token_logprobs
 from engine.sampling import SamplingParams, accept_drafts, next_token, probabilities, sample
 
 
@@ -56,6 +57,7 @@ class GenerationResult:
     token_ids: list                    # generated ids only; a stop id that ended generation is included
     finish_reason: str                 # "stop" | "length"
     stats: GenerationStats
+    logprobs: list | None = None       # a TokenLogprob per generated token, when asked for
 
 
 class Generator:
@@ -65,12 +67,17 @@ class Generator:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list, max_new_tokens: int, sampling: SamplingParams, *, stop_ids=(),
-                 spec_k: int = 4, on_tokens: Callable[[list], bool | None] | None = None) -> GenerationResult:
+                 spec_k: int = 4, on_tokens: Callable[[list], bool | None] | None = None,
+                 logprobs: int | None = None) -> GenerationResult:
+        """logprobs: None, or record each generated token's log-probability and its `logprobs` most likely
+        alternatives (engine/logprobs.py)."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling.validate()
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {logprobs}")
         model, stats = self.model, GenerationStats(prompt_tokens=len(prompt_ids))
         k = spec_k if model.mtp is not None else 0
         stats.accepted_per_position = [0] * k
@@ -85,45 +92,52 @@ class Generator:
             gen.manual_seed(sampling.seed)
         cache = model.new_cache(1, len(prompt_ids) + max_new_tokens + k + 1)
         out, stop_ids = [], set(stop_ids)
+        out_logprobs = None if logprobs is None else []
 
-        def emit(tokens):
+        def emit(tokens, logits):
             """Append tokens in order up to a stop id, the length limit or on_tokens' request to stop — handed them
-            one at a time, so where a caller stops does not depend on how many a step emits (spec_k); the finish
-            reason, or None to go on."""
+            one at a time, so where a caller stops does not depend on how many a step emits (spec_k); logits
+            [len(tokens), V] are the rows that produced them. The finish reason, or None to go on."""
+            reason, before = None, len(out)
             for t in tokens:
                 out.append(t)
                 reason = "stop" if t in stop_ids else "length" if len(out) == max_new_tokens else None
                 if on_tokens is not None and on_tokens([t]) and reason is None:
                     reason = "stop"
                 if reason:
-                    return reason
-            return None
+                    break
+            if out_logprobs is not None:
+                out_logprobs.extend(token_logprobs(logits[:len(out) - before], out[before:], logprobs))
+            return reason
 
         t_start = time.perf_counter()
         ids = torch.tensor([prompt_ids], device=self.device)
         hidden = model(ids, cache)
-        t0 = next_token(model.logits(hidden[:, -1]), sampling, gen)       # [1]
+        logits = model.logits(hidden[:, -1])                              # [1, V]
+        t0 = next_token(logits, sampling, gen)                            # [1]
         drafts = draft_probs = None
         if k:
             y = model.mtp_forward(torch.cat([ids[:, 1:], t0[:, None]], 1), hidden, cache)
             drafts, draft_probs = self._draft(y[:, -1:], cache, k, sampling, gen)
         stats.prefill_seconds = time.perf_counter() - t_start
-        reason = emit([t0.item()])
+        reason = emit([t0.item()], logits)
 
         t_start = time.perf_counter()
         while reason is None:
             stats.steps += 1
             if not k:
-                t0 = next_token(model.logits(model(t0[:, None], cache))[:, -1], sampling, gen)
-                reason = emit([t0.item()])
+                logits = model.logits(model(t0[:, None], cache))[:, -1]
+                t0 = next_token(logits, sampling, gen)
+                reason = emit([t0.item()], logits)
                 continue
             hidden = model(torch.cat([t0[:, None], drafts], 1), cache, keep_states=True)   # [1, k+1, H]
-            accepted, t_next = accept_drafts(model.logits(hidden), drafts, draft_probs, sampling, gen)
+            logits = model.logits(hidden)                                 # [1, k+1, V]
+            accepted, t_next = accept_drafts(logits, drafts, draft_probs, sampling, gen)
             a = accepted.item()
             cache.commit(a + 1)
             stats.drafted += k
             before = len(out)
-            reason = emit(drafts[0, :a].tolist() + [t_next.item()])
+            reason = emit(drafts[0, :a].tolist() + [t_next.item()], logits[0])
             used = min(a, len(out) - before)         # accepted drafts past a stop or the length limit are not output
             stats.accepted += used
             for i in range(used):
@@ -134,7 +148,7 @@ class Generator:
             t0 = t_next
         stats.decode_seconds = time.perf_counter() - t_start
         stats.generated = len(out)
-        return GenerationResult(out, reason, stats)
+        return GenerationResult(out, reason, stats, out_logprobs)
 
     def _draft(self, y, cache, k, sampling, gen):
         """k drafts from the MTP output y [1, 1, H] of the last committed row; chained steps write provisional MTP KV

@@ -148,6 +148,14 @@ def _compile_template(source: str, where: str) -> jinja2.Template:
         raise ValueError(f"chat template ({where}): {e}") from e
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """The character a ByteLevel tokenizer spells each byte with (GPT-2's table): printable Latin-1 bytes as
+    themselves, the n-th of the others as chr(256 + n). Returns character -> byte."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + n): b for n, b in enumerate(others)}}
+
+
 class Tokenizer:
     """A checkpoint's tokenizer.json plus its chat template; `from_dir` is the usual way in."""
 
@@ -158,6 +166,8 @@ class Tokenizer:
         self._template = _compile_template(chat_template, template_source)
         self._template_source = template_source
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
+        self._added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
+        self._bytes_of = _byte_level_alphabet() if isinstance(tokenizer.decoder, tokenizers.decoders.ByteLevel) else None
         eos = self._special_tokens.get("eos_token")
         self.eos_token_id: int | None = None if eos is None else tokenizer.token_to_id(eos)
 
@@ -188,6 +198,17 @@ class Tokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (the OpenAI logprobs' `bytes`): a byte-level token can hold part of a
+        UTF-8 character, which decoding it alone would turn into U+FFFD."""
+        token_id = int(token_id)
+        if token_id in self._added:
+            return self._added[token_id].encode("utf-8")
+        piece = self._tok.id_to_token(token_id)
+        if self._bytes_of is not None and piece is not None and all(c in self._bytes_of for c in piece):
+            return bytes(self._bytes_of[c] for c in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)

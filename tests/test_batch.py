@@ -80,6 +80,38 @@ def test_output_shapes_follow_the_openai_batch_format(tiny_engine, tmp_path):
         r["response"]["body"]["usage"]["prompt_tokens"] for r in records)
 
 
+def test_logprobs_in_both_response_shapes(tiny_engine, tmp_path):
+    """Chat: logprobs.content, an entry per generated token (token text, logprob, bytes, top_logprobs); completions:
+    tokens / token_logprobs / top_logprobs (the sampled token always among them) / text_offset. The numbers are the
+    generator's own; the token bytes joined are the generated text."""
+    items = [chat("c", max_tokens=6, logprobs=True, top_logprobs=2, chat_template_kwargs={"enable_thinking": False}),
+             chat("c0", max_tokens=3, logprobs=True), chat("off", max_tokens=3, logprobs=False),
+             completion("t", max_tokens=6, logprobs=1)]
+    records, summary, _ = run(tiny_engine, tmp_path, items)
+    assert summary.ok == 4
+    bodies = {r["custom_id"]: r["response"]["body"] for r in records}
+    tok = tiny_engine.tokenizer
+    ref = tiny_engine.generate(tok.encode("def fib(n):"), 6, SamplingParams(temperature=0), ignore_eos=True,
+                               logprobs=1)
+    text = bodies["t"]["choices"][0]
+    lp = text["logprobs"]
+    assert lp["token_logprobs"] == [e.logprob for e in ref.logprobs]
+    assert lp["tokens"] == [tok.token_bytes(t).decode("utf-8", "replace") for t in ref.token_ids]
+    assert all(len(d) in (1, 2) and d[tok_] == v for d, tok_, v in zip(lp["top_logprobs"], lp["tokens"],
+                                                                         lp["token_logprobs"]))
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    assert b"".join(tok.token_bytes(t) for t in ref.token_ids).decode("utf-8", "replace") == text["text"]
+    content = bodies["c"]["choices"][0]["logprobs"]["content"]
+    assert len(content) == bodies["c"]["usage"]["completion_tokens"] == 6
+    for e in content:
+        assert set(e) == {"token", "logprob", "bytes", "top_logprobs"} and len(e["top_logprobs"]) == 2
+        assert e["token"] == bytes(e["bytes"]).decode("utf-8", "replace") and e["logprob"] <= 0
+        assert e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"]
+        assert e["top_logprobs"][0]["logprob"] == e["logprob"]          # greedy: the sampled token is the top one
+    assert all(e["top_logprobs"] == [] for e in bodies["c0"]["choices"][0]["logprobs"]["content"])
+    assert bodies["off"]["choices"][0]["logprobs"] is None
+
+
 def test_defaults_apply_and_body_parameters_override_them(tiny_engine, tmp_path, monkeypatch):
     seen = []
     real = tiny_engine.generate
@@ -188,7 +220,10 @@ BAD_LINES = [
     (completion("sd", seed="7"), "sd", "body.seed must be an integer"),
     (completion("n", n=2), "n", "body.n must be 1"),
     (completion("st", stream=True), "st", "body.stream"),
-    (completion("lp", logprobs=3), "lp", "logprobs"),
+    (completion("lp", logprobs=21), "lp", "body.logprobs must be in [0, 20]"),
+    (completion("lpt", top_logprobs=2), "lpt", "body.top_logprobs is a chat field"),
+    (chat("clp", logprobs=3), "clp", "body.logprobs must be true or false"),
+    (chat("ctl", top_logprobs=2), "ctl", "body.top_logprobs needs body.logprobs: true"),
     (completion("pp", presence_penalty=1.5), "pp", "body.presence_penalty is not supported"),
     (completion("rf", response_format={"type": "json_object"}), "rf", "body.response_format is not supported"),
     (completion("sp", stop=[""]), "sp", "body.stop"),

@@ -83,6 +83,34 @@ def test_where_a_caller_stops_and_the_counts_do_not_depend_on_spec_k(setup, monk
             assert out.stats.accepted == sum(out.stats.accepted_per_position)
 
 
+def test_logprobs_are_the_models_with_and_without_drafting(setup, monkeypatch):
+    """Each generated token's log-probability and top alternatives are log_softmax of the model's raw logits at its
+    position (transformers' own logits), the same whether the token came from decoding or from a verify step that
+    accepted drafts (oracle drafts: every acceptance depth), and a token cut by a stop id gets no entry."""
+    ref, gen = setup
+    prompt = list(range(5, 16))
+    with torch.no_grad():
+        out = ref.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, output_logits=True,
+                           return_dict_in_generate=True)
+    want_lp = torch.cat(out.logits).float().log_softmax(-1)                       # [24, V]
+    want = out.sequences[0, len(prompt):].tolist()
+    oracle_drafts(monkeypatch, prompt, want)
+    for k in (0, 3):
+        got = gen.generate(prompt, 24, GREEDY, spec_k=k, logprobs=3)
+        assert got.token_ids == want and [e.token for e in got.logprobs] == want
+        for e, row in zip(got.logprobs, want_lp):
+            top = row.topk(3)
+            assert e.logprob == pytest.approx(row[e.token].item(), abs=1e-4)
+            assert [t for t, _ in e.top] == top.indices.tolist() and e.top[0] == (e.token, e.logprob)
+            assert [v for _, v in e.top] == pytest.approx(top.values.tolist(), abs=1e-4)
+    stopped = gen.generate(prompt, 24, GREEDY, spec_k=3, logprobs=0, stop_ids={want[5]})
+    assert len(stopped.logprobs) == len(stopped.token_ids) == want.index(want[5]) + 1
+    assert all(e.top == () for e in stopped.logprobs)
+    assert gen.generate(prompt, 4, GREEDY).logprobs is None
+    with pytest.raises(ValueError, match="logprobs must be in"):
+        gen.generate(prompt, 4, GREEDY, logprobs=21)
+
+
 def test_stop_ids_length_and_callback(setup):
     _, gen = setup
     prompt = [3, 1, 4, 1, 5]

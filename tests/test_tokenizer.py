@@ -215,6 +215,16 @@ def test_stream_decoder_matches_decode_on_multibyte_text(qwen):
             assert "" in pieces[:-1]               # some token completed no character and was held back
 
 
+def test_token_bytes_rebuild_text_split_inside_characters(qwen):
+    """The logprobs' `bytes`: byte-level tokens that hold part of a UTF-8 character give their raw bytes (decoded
+    alone they give U+FFFD); special tokens give their text."""
+    text = MULTIBYTE + "<|im_end|>"
+    ids = qwen.encode(text)
+    assert any(qwen.decode([i]).endswith("\ufffd") for i in ids)
+    assert b"".join(qwen.token_bytes(i) for i in ids).decode("utf-8") == text
+    assert qwen.token_bytes(IM_END) == b"<|im_end|>" and qwen.token_bytes(271) == b"\n\n"
+
+
 def test_stream_decoder_special_tokens_and_unfinished_tail(qwen):
     chat = "<|im_start|>assistant\n<think>\n毕🦜\n</think>\n\nok<|im_end|>"
     ids = qwen.encode(chat)
