@@ -3,7 +3,8 @@
 Every input line is validated up front (JSON, envelope, body parameters, duplicate custom_ids); a bad line becomes
 an error record for its custom_id (or its line number) and the others still run. Requests run one at a time in
 input order and each result is appended and flushed as soon as it finishes, so a rerun after a crash skips the
-custom_ids already in the output and loses nothing."""
+custom_ids already in the output and loses nothing; requests that failed with an internal error (a 500) are tried
+again."""
 import json
 import os
 import sys
@@ -296,8 +297,9 @@ RECORD_KEYS = {"id", "custom_id", "response", "error"}     # a result line's key
 
 def _done_in(path: str | None) -> tuple[set, set]:
     """custom_ids already answered in an earlier run, and error messages of line-number-only records. A torn last
-    line (the process died mid-write: a record's start) is cut off so the next append starts on a fresh line. A
-    file that holds anything but result records is refused: it is not ours to append to, let alone cut."""
+    line (the process died mid-write: a record's start) is cut off so the next append starts on a fresh line, and
+    internal errors (a 500: out of memory, say — not the request's fault) are taken out so the rerun tries those
+    requests again. A file that holds anything but result records is refused: it is not ours to change."""
     if not path or not os.path.exists(path):
         return set(), set()
     try:
@@ -306,31 +308,45 @@ def _done_in(path: str | None) -> tuple[set, set]:
     except OSError as e:
         raise BatchFileError(f"cannot read {path}: {e.strerror}") from None
     complete, _, torn = data.rpartition(b"\n")
-    records = []
-    for number, text in enumerate(complete.decode("utf-8", "replace").splitlines(), 1):
+    lines = complete.split(b"\n") if complete else []
+    kept, ids, messages = [], set(), set()
+    for number, raw in enumerate(lines, 1):
         try:
-            record = json.loads(text) if text.strip() else None
+            record = json.loads(raw) if raw.strip() else None
         except (ValueError, RecursionError):
             record = {}
         if record is not None and not (isinstance(record, dict) and set(record) == RECORD_KEYS):
             raise BatchFileError(f"{path}: line {number} is not a batch result record: not a results file "
                                  "to resume (give another --output)")
-        records.append(record)
-    if torn:
-        if not torn.startswith(b'{"id": "batch_req_'):
-            raise BatchFileError(f"{path}: its last line is not a batch result record: not a results file to "
-                                 "resume (give another --output)")
-        with open(path, "r+b") as f:
-            f.truncate(len(data) - len(torn))
-    ids, messages = set(), set()
-    for record in records:
+        error = record and record["error"]
+        if isinstance(error, dict) and error.get("code") == "internal_error" and record["custom_id"] is not None:
+            continue
+        kept.append(raw)
         if record is None:
             continue
-        if record.get("custom_id") is not None:
+        if record["custom_id"] is not None:
             ids.add(record["custom_id"])
-        elif isinstance(record.get("error"), dict):
-            messages.add(record["error"].get("message"))
+        elif isinstance(error, dict):
+            messages.add(error.get("message"))
+    if torn and not torn.startswith(b'{"id": "batch_req_'):
+        raise BatchFileError(f"{path}: its last line is not a batch result record: not a results file to resume "
+                             "(give another --output)")
+    if torn or len(kept) < len(lines):
+        _rewrite(path, b"".join(line + b"\n" for line in kept))
     return ids, messages
+
+
+def _rewrite(path: str, data: bytes):
+    """Replace path's content at once (a crash leaves the old file or the new one, never half of either)."""
+    tmp = f"{path}.rewrite"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise BatchFileError(f"cannot rewrite {path}: {e.strerror}") from None
 
 
 class Progress:

@@ -295,6 +295,33 @@ def test_rerun_after_a_crash_skips_finished_ids_and_drops_a_torn_line(tiny_engin
     assert len(read_records(out)) == 5
 
 
+@pytest.mark.parametrize("separate", [False, True], ids=["in the output", "in the errors file"])
+def test_rerun_retries_internal_errors_only(tiny_engine, tmp_path, monkeypatch, separate):
+    """A request that failed with a 500 (the engine's fault: out of memory, say) is tried again by a rerun and its
+    old record taken out, so each custom_id still has one line; a 400 (the request's fault) stays as it is."""
+    items = [completion("ok", max_tokens=2), completion("boom", max_tokens=2), completion("bad", max_tokens=0)]
+    real = tiny_engine.generate
+
+    def flaky(ids, *args, **kw):
+        if ids == tiny_engine.tokenizer.encode("oops"):
+            raise RuntimeError("CUDA out of memory")
+        return real(ids, *args, **kw)
+
+    items[1]["body"]["prompt"] = "oops"
+    errors = str(tmp_path / "errors.jsonl") if separate else None
+    monkeypatch.setattr(tiny_engine, "generate", flaky)
+    _, first, _ = run(tiny_engine, tmp_path, items, errors_path=errors)
+    assert first.ok == 1 and first.failed == 2
+    monkeypatch.setattr(tiny_engine, "generate", real)
+    records, again, log = run(tiny_engine, tmp_path, items, errors_path=errors)
+    assert again.skipped == 2 and again.ok == 1 and again.failed == 0
+    if separate:
+        records += read_records(errors)
+    by_id = {r["custom_id"]: r for r in records}
+    assert len(records) == len(by_id) == 3
+    assert by_id["boom"]["error"] is None and by_id["bad"]["error"]["code"] == "invalid_request"
+
+
 def test_errors_file_takes_failures_openai_style(tiny_engine, tmp_path):
     errors = str(tmp_path / "errors.jsonl")
     records, _, _ = run(tiny_engine, tmp_path, [completion("ok", max_tokens=2), completion("bad", n=3)],
