@@ -7,6 +7,7 @@ custom_ids already in the output and loses nothing; requests that failed with an
 again."""
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -336,6 +337,23 @@ def _done_in(path: str | None) -> tuple[set, set]:
     return ids, messages
 
 
+def _put_in_input_order(path: str, lines: list):
+    """Results are appended as they finish, so a rerun that retried a request left its result after later ones:
+    the file is rewritten in input order (one line per input, in input order, as vLLM writes it) where it is not."""
+    numbers = {line.custom_id: line.number for line in lines}
+
+    def position(raw: bytes) -> int:        # a failure names its line (duplicated custom_ids each have their own)
+        record = json.loads(raw)
+        match = re.match(r"line (\d+):", (record["error"] or {}).get("message") or "")
+        return int(match.group(1)) if match else numbers.get(record["custom_id"], len(lines) + 1)
+
+    with open(path, "rb") as f:
+        raws = [raw for raw in f.read().split(b"\n") if raw.strip()]
+    order = [position(raw) for raw in raws]
+    if order != sorted(order):
+        _rewrite(path, b"".join(raw + b"\n" for _, raw in sorted(zip(order, raws), key=lambda p: p[0])))
+
+
 def _rewrite(path: str, data: bytes):
     """Replace path's content at once (a crash leaves the old file or the new one, never half of either)."""
     tmp = f"{path}.rewrite"
@@ -500,6 +518,8 @@ def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *,
         out.close()
         if errors is not out:
             errors.close()
+    for path in {out_path, errors_path} - {None}:
+        _put_in_input_order(path, lines)
     log.write(summary.format() + "\n")
     if summary_path:
         try:

@@ -319,6 +319,8 @@ def test_rerun_retries_internal_errors_only(tiny_engine, tmp_path, monkeypatch, 
         records += read_records(errors)
     by_id = {r["custom_id"]: r for r in records}
     assert len(records) == len(by_id) == 3
+    if not separate:            # the retried result put back in its input line's place
+        assert [r["custom_id"] for r in records] == ["ok", "boom", "bad"]
     assert by_id["boom"]["error"] is None and by_id["bad"]["error"]["code"] == "invalid_request"
 
 
