@@ -2,16 +2,18 @@
 B ∈ {1, 8, 64} × ctx {1.5k, 16k, 64k} (on sm_90 with V keys-fastest the Gluon kernel, and the Triton one beside
 it), torch SDPA as the peer at B = 1, the KV writer and prefill.
 Bytes counted: the KV the attention must read (all kv_lens × Hkv × D × 2 tensors) plus q and out; partials and
-the combine are overhead. Beside each fp8 case, `read floor`: a launch that only reads its KV bytes
-(bench/floors.py: no kernel that reads them after its PDL wait beats it in this harness). `python -m
-bench.kernels_attn --sweep` times launch configurations instead (tiles, warps, segments)."""
+the combine are overhead. Beside each fp8 case, `read floor`: a launch that only reads as many bytes (KV, q and
+out; bench/floors.py: no kernel that reads them after its PDL wait beats it in this harness). The caches, and
+the torch SDPA peer's expanded ones, rotate through copies that L2 cannot hold, every copy in the timed graph
+(bench.harness.rotation_reps); q and out stay (the step's own activations); the KV writer and prefill do not
+rotate. `python -m bench.kernels_attn --sweep` times launch configurations instead (tiles, warps, segments)."""
 import itertools
 
 import torch
 import torch.nn.functional as F
 
 from bench.floors import read_floor_us
-from bench.harness import measure_bandwidth, rotation, row, suite_main, time_us
+from bench.harness import measure_bandwidth, rotation, rotation_reps, row, suite_main, time_us
 from kernels import attention_verify_gluon
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
@@ -54,12 +56,13 @@ def time_verify(case, nseg, partials, **kw):
     the rest may be read before the previous kernel completes)."""
     q, kc, vc, ks, vs, rows, lens = case
     out = torch.empty_like(q)
-    caches = rotation(lambda: (kc.clone(), vc.clone()), 2 * kc.numel() * kc.element_size())
+    nbytes = 2 * kc.numel() * kc.element_size()
+    caches = rotation(lambda: (kc.clone(), vc.clone()), nbytes)
 
     def call():
         k, v = caches()
         verify_attention(q, k, v, ks, vs, rows, lens, out, partials, nseg, fresh=Q_LEN, **kw)
-    return time_us(call)
+    return time_us(call, reps=rotation_reps(nbytes))
 
 
 def verify_rows(peak, sms):
@@ -70,9 +73,9 @@ def verify_rows(peak, sms):
                         0, peak, nseg=32))
     for B, ctx in itertools.product(BATCHES, CONTEXTS):
         nseg = choose_nseg(B, HKV, sms)
-        kv_bytes = verify_bytes(B, ctx, 1) - verify_bytes(B, 0, 1)
-        rows_out.append(row("attn_verify[read floor]", f"B{B} ctx{ctx} q{Q_LEN}", read_floor_us(kv_bytes),
-                            verify_bytes(B, ctx, 1), 0, peak))
+        nbytes = verify_bytes(B, ctx, 1)                        # the bytes the kernel's rows are counted with
+        rows_out.append(row("attn_verify[read floor]", f"B{B} ctx{ctx} q{Q_LEN}", read_floor_us(nbytes), nbytes, 0,
+                            peak))
         case = make_case(B, ctx, fp8=True)
         us = time_verify(case, nseg, partials)                  # V stored like K (D fastest)
         rows_out.append(row(f"attn_verify[{FMT_NAME[kv_format(case[1])]}]", f"B{B} ctx{ctx} q{Q_LEN}", us,
@@ -109,8 +112,14 @@ def sdpa_row(case, ctx, peak):
     k, v = kc.repeat_interleave(HQ // HKV, 1), vc.repeat_interleave(HQ // HKV, 1)  # [1, Hq, ctx, D]
     qt = q.transpose(1, 2)  # [1, Hq, 5, D]
     mask = torch.arange(ctx, device=DEV)[None, :] <= (ctx - Q_LEN + torch.arange(Q_LEN, device=DEV))[:, None]
+    nbytes = 2 * k.numel() * k.element_size()
+    caches = rotation(lambda: (k.clone(), v.clone()), nbytes)          # out of L2, as ours
+
+    def call():
+        kx, vx = caches()
+        return F.scaled_dot_product_attention(qt, kx, vx, attn_mask=mask)
     try:
-        us = time_us(lambda: F.scaled_dot_product_attention(qt, k, v, attn_mask=mask))
+        us = time_us(call, reps=rotation_reps(nbytes))
     except RuntimeError as e:  # a backend refusing graph capture must not sink the whole suite
         print("sdpa failed:", e)
         us = float("nan")

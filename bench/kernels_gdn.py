@@ -1,8 +1,10 @@
 """Gated DeltaNet kernels at the 27B shapes (Hv 48, Hk 16, dk = dv 128, conv 10240 channels, K 4, k = 4 drafts):
 verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state; the default scheme and the chunk form), conv update
 (T = 5) and prefill, chunked prefill at 4k tokens. Bytes counted: verify = read 1 state + write T states + q, k, v,
-a, b + o; conv = x + y + state read and written; prefill = inputs + o + state read and written (its fp32 W/U
-workspace is overhead, not counted).
+a, b + o; conv = x + y + state read and written + weights; prefill = inputs + o + state read and written (its fp32
+W/U workspace is overhead, not counted). The verify's state slots and the conv's state and weights rotate through
+copies that L2 cannot hold, every copy in the timed graph (bench.harness.rotation_reps), as do the copies of the
+floor rows; the activations (q, k, v, a, b, x: the previous kernel's output) and the prefill's state do not.
 `python -m bench.kernels_gdn --sweep` times launch configurations instead (verify: scheme, V-tile, warps;
 prefill: V-tile, warps). Beside the B = 1 verify rows, the floor of the same harness: a launch that only reads a
 state once and writes it T times (bench/floors.py: the verify's state traffic, no kernel of it beats that), a copy
@@ -13,7 +15,7 @@ import torch
 import triton
 
 from bench.floors import read_write_floor_us
-from bench.harness import row, suite_main, time_us
+from bench.harness import rotation, rotation_reps, row, suite_main, time_us
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import chunk_prepare, chunk_states, gdn_prefill, prefill_workspace
 from kernels.gdn_common import state_pool
@@ -66,10 +68,13 @@ def floor_rows(nbytes, state_bytes, grid, peak, out):
     out.append(row("floor: read a state, write it T times", f"state {state_bytes} B, T {T}",
                    read_write_floor_us(state_bytes, T), (1 + T) * state_bytes, 0, peak))
     print(out[-1], flush=True)
-    src = torch.empty(nbytes // 4, device=DEV, dtype=torch.float16).normal_()
-    dst = torch.empty_like(src)
-    timed_row("floor: copy_ (memcpy node)", "same bytes", lambda: dst.copy_(src), nbytes, 0, peak, out)
-    timed_row("floor: mul by 1 (copy kernel)", "same bytes", lambda: torch.mul(src, 1, out=dst), nbytes, 0, peak, out)
+    pairs = rotation(lambda: (torch.empty(nbytes // 4, device=DEV, dtype=torch.float16).normal_(),
+                              torch.empty(nbytes // 4, device=DEV, dtype=torch.float16)), nbytes)
+    reps = rotation_reps(nbytes)
+    timed_row("floor: copy_ (memcpy node)", "same bytes", lambda: (lambda s, d: d.copy_(s))(*pairs()), nbytes, 0,
+              peak, out, reps=reps)
+    timed_row("floor: mul by 1 (copy kernel)", "same bytes", lambda: (lambda s, d: torch.mul(s, 1, out=d))(*pairs()),
+              nbytes, 0, peak, out, reps=reps)
     for g in ((1,), grid):
         timed_row("floor: empty triton kernel", f"grid {g}", lambda: _empty_kernel[g](), nbytes, 0, peak, out)
 
@@ -86,9 +91,12 @@ def verify_rows(peak, sweep):
         o = torch.empty(B, T, HV, D, device=DEV, dtype=torch.bfloat16)
         state_bytes = B * HV * D * D * sdt.itemsize                  # one state of every sequence
         nbytes = (1 + T) * state_bytes + B * T * (C + 2 * HV + HV * D) * 2
+        pool_bytes = B * T * HV * D * D * sdt.itemsize             # the slots a call reads one of and writes
         for dk_major in (True, False):
-            pool = (state_pool(B * T, HV, D, D, sdt, DEV) if dk_major
-                    else torch.zeros(B * T, HV, D, D, device=DEV, dtype=sdt))
+            # copies of the pool that L2 cannot hold, every one in the timed graph: the state comes from HBM, as in a
+            # step (the layers between two verifies of a layer evict it), and as the floor beside it reads it
+            pools = rotation(lambda: (state_pool(B * T, HV, D, D, sdt, DEV) if dk_major
+                                      else torch.zeros(B * T, HV, D, D, device=DEV, dtype=sdt)), pool_bytes)
             # the default launch; on the dv-fastest layout also the Triton kernel and the opt-in chunk form
             configs = [(False, None, None, None, None)]
             if not dk_major:
@@ -101,10 +109,11 @@ def verify_rows(peak, sweep):
                                        if bv else "[chunk form]" if dot else "[triton]" if gluon is False else "")
                 name += "" if dk_major else "[dv fastest]"
                 timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
-                          lambda: gdn_verify(*inputs, pool, slots, num_acc, out=o, block_v=bv, num_warps=warps,
+                          lambda: gdn_verify(*inputs, pools(), slots, num_acc, out=o, block_v=bv, num_warps=warps,
                                              proj_dot=dot, gluon=gluon, gluon_launch=launch),
-                          nbytes, 8 * B * T * HV * D * D, peak, out)
-            del pool
+                          nbytes, 8 * B * T * HV * D * D, peak, out, reps=rotation_reps(pool_bytes))
+            del pools
+            torch.cuda.empty_cache()
         if B == 1 and sdt == torch.float16:
             floor_rows(nbytes, state_bytes, (B, HV, D // 16), peak, out)
     return out
@@ -116,12 +125,15 @@ def conv_rows(peak):
     for B, L, na in [(1, T, True), (8, T, True), (64, T, True), (1, 4096, False)]:
         x = torch.randn(B, L, C, device=DEV, dtype=torch.bfloat16)
         y = torch.empty_like(x)
-        state = torch.randn(B, C, K - 1 + KD, device=DEV, dtype=torch.bfloat16)
+        state_shape = (B, C, K - 1 + KD)
         slots = torch.arange(B, dtype=torch.int32, device=DEV)
         num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV) if na else None
-        nbytes = 2 * x.numel() * 2 + 2 * state.numel() * 2 + w.numel() * 2
+        const_bytes = (B * C * (K - 1 + KD) + w.numel()) * 2                # conv state and weights: from HBM
+        nbytes = 2 * x.numel() * 2 + 2 * B * C * (K - 1 + KD) * 2 + w.numel() * 2
+        consts = rotation(lambda: (w.clone(), torch.randn(state_shape, device=DEV, dtype=torch.bfloat16)), const_bytes)
         timed_row("conv1d_update" if na else "conv1d_prefill", f"B{B} L{L} C{C}",
-                  lambda: causal_conv1d(x, w, state, slots, num_acc, out=y), nbytes, 2 * B * L * C * K, peak, out)
+                  lambda: (lambda wc, st: causal_conv1d(x, wc, st, slots, num_acc, out=y))(*consts()), nbytes,
+                  2 * B * L * C * K, peak, out, reps=rotation_reps(const_bytes))
     return out
 
 

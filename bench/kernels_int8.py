@@ -1,6 +1,8 @@
 """Int8 lm_head GEMV/GEMM (248320 × 5120, per-row scales) and the int8 embedding gather, with cuBLAS bf16 timed at
 the same shape in the same run. Weight copies rotate so that every call reads HBM (bench/harness.rotation).
-Bytes: int8 weights + row scales + activations + outputs (fp32 logits, as the engine's lm_head writes them).
+Bytes: int8 weights + fp16 row scales + bf16 activations + outputs (fp32 logits here: the eager model's dtype;
+bench/step.py's chain writes bf16 logits, 2 bytes less an element, with lm_head_bytes(out_bytes=2)). The embedding
+gather reads fixed ids, so its rows sit in L2 across the timed calls (not rotated: no target reads it).
 
 `python -m bench.kernels_int8 --sweep` times alternatives to kernels/int8_linear.py's M_BUCKETS."""
 

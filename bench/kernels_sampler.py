@@ -3,8 +3,10 @@ tokens): sample() per parameter set and row count; one verify step, "5 rows + re
 target's B·(k+1) rows and the accept/residual/bonus pass, i.e. everything rejection_sample launches, with the draft
 descriptors from sample_drafts) and the same with the descriptors recomputed and for B8; the torch peers (topk +
 softmax + multinomial; full-sort top-p). Bytes counted: one read of the logits the call consumes (every row pass
-after the first hits L2). `--sweep` prints a compact table: the main rows, launch-configuration variants and a
-per-kernel breakdown (torch profiler)."""
+after the first hits L2). The logits are one buffer for every timed call (not rotated: in a step the lm_head has
+just written them), bf16 as bench/step.py's lm_head writes them; the draft logits span the full vocabulary.
+`--sweep` prints a compact table: the main rows, launch-configuration variants and a per-kernel breakdown (torch
+profiler)."""
 import dataclasses
 
 import torch

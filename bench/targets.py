@@ -16,34 +16,82 @@ ATTENTION = "attn_verify[fp8-native, V keys-fastest]"      # the engine's cache 
 W4A8, W4A8_KERNEL = "w4a8_linear", "w4a8 ws, operand order"  # beside the W4A16 GEMM (int8 activations: its note)
 
 
-# One-row targets: (target, kernel, shape, field, goal, the floor's (kernel, shape; None: its first row) or None)
+CUBLAS = "bf16 matmul"
+# The bytes issue 3 measures two targets by (the rows count the kernel's other operands too: q and out; q, k, v, a,
+# b and o): the fp8 KV at B 1 and 16k context (K and V, 4 kv heads × 256, a byte each), and the GDN verify's fp16
+# state traffic at B 1, T 5 (48 heads × 128 × 128 read once and written after each of the 5 tokens).
+KV_BYTES_16K = 1 * 16384 * 4 * 256 * 2
+GDN_STATE_BYTES = (1 + 5) * 48 * 128 * 128 * 2
+
+# One-row targets: (target, kernel, shape, field, goal, the floor's (kernel, shape; None: its first row) or None,
+# the bytes whose fraction of the copy peak the goal is (None: the field as the row gives it))
 ROW_TARGETS = [
-    ("verify attention B1 q5 16k fp8", ATTENTION, "B1 ctx16384 q5", "frac_peak", ">= 0.70",
-     ("attn_verify[read floor]", "B1 ctx16384 q5")),
-    ("verify attention B1 q5 1.5k fp8, us", ATTENTION, "B1 ctx1536 q5", "us", "< 15", None),
-    ("GDN verify B1 T5 fp16 state", "gdn_verify", "B1 T5 state float16", "frac_peak", ">= 0.70",
-     ("floor: read a state, write it T times", None)),
-    ("sampler, one row top-k 20 / top-p 0.95, us", "sample qwen T1 k20 p.95", "1x248320", "us", "< 20", None),
-    ("sampler, five rows + rejection, us", "5 rows + rejection", "B1 k4 V248320", "us", "< 40", None),
+    ("verify attention B1 q5 16k fp8 (KV bytes)", ATTENTION, "B1 ctx16384 q5", "frac_peak", ">= 0.70",
+     ("attn_verify[read floor]", "B1 ctx16384 q5"), KV_BYTES_16K),
+    ("verify attention B1 q5 1.5k fp8, us", ATTENTION, "B1 ctx1536 q5", "us", "< 15", None, None),
+    ("GDN verify B1 T5 fp16 state (state bytes)", "gdn_verify", "B1 T5 state float16", "frac_peak", ">= 0.70",
+     ("floor: read a state, write it T times", None), GDN_STATE_BYTES),
+    ("sampler, one row top-k 20 / top-p 0.95, us", "sample qwen T1 k20 p.95", "1x248320", "us", "< 20", None, None),
+    ("sampler, five rows + rejection, us", "5 rows + rejection", "B1 k4 V248320", "us", "< 40", None, None),
 ]
+
+
+def _row(rows, kernel, shape):
+    """The row of that kernel and shape (shape None: its first row), or None."""
+    return next((r for r in rows if r["kernel"] == kernel and shape in (None, r["shape"])), None)
 
 
 def _value(rows, kernel, shape, field="frac_peak"):
     """The field of the row of that kernel and shape (shape None: its first row), or None."""
-    r = next((r for r in rows if r["kernel"] == kernel and shape in (None, r["shape"])), None)
+    r = _row(rows, kernel, shape)
     return None if r is None else r.get(field)
 
 
-def _least(rows, kernel, shapes):
-    """The least fraction of the copy peak over those shapes, or None where one is missing."""
-    values = [_value(rows, kernel, s) for s in shapes]
+def _fraction(r, nbytes, peak_GBps=None):
+    """nbytes over the row's time as a fraction of the copy peak (the run's, else the row's own: its frac_peak
+    scaled by nbytes / its bytes); None without the row."""
+    if r is None or "us" not in r:
+        return None
+    if peak_GBps:
+        return round(nbytes / (r["us"] * 1e-6) / (peak_GBps * 1e9), 3)
+    return round(r["frac_peak"] * nbytes / r["bytes"], 3)
+
+
+def _ratio(rows, shape):
+    """cuBLAS bf16's time over ours (the stored int4_linear) at that shape, from the two rows' times (the rows'
+    vs_cublas is rounded to 0.01: 0.995 would read as 1.0); None where either is missing."""
+    ours, cublas = _row(rows, GEMV_STORED, shape), _row(rows, CUBLAS, shape)
+    return None if ours is None or cublas is None else round(cublas["us"] / ours["us"], 3)
+
+
+def int4_work_bytes(shape: str) -> int:
+    """The bytes an int4 linear of shape "<name> NxK M=m" must move (bench.kernels_int4.int4_bytes): the codes, the
+    fp16 scales of 128-groups, bf16 activations in and bf16 outputs out — whatever form the kernel leaves them in
+    (the GEMV's int64 sums stand for bf16 outputs)."""
+    dims, m = shape.rsplit(" ", 2)[1:]
+    n, k = map(int, dims.split("x"))
+    m = int(m.removeprefix("M="))
+    return n * k // 2 + n * (k // 128) * 2 + m * k * 2 + m * n * 2
+
+
+def _fractions(rows, kernel, shapes, nbytes=None, peak_GBps=None):
+    """Per shape, the row's fraction of the copy peak (nbytes(shape) given: of those bytes over the row's time);
+    None where a row is missing."""
+    found = [_row(rows, kernel, s) for s in shapes]
+    if nbytes is None:
+        return [None if r is None else r.get("frac_peak") for r in found]
+    return [_fraction(r, nbytes(s), peak_GBps) for r, s in zip(found, shapes)]
+
+
+def _least(values):
+    """The least of those fractions, or None where one is missing."""
     return None if None in values else min(values)
 
 
-def _weakest(rows, kernel, shapes):
-    """The rows (" M=…") where the least fraction over those shapes falls: the GEMV targets' note."""
-    least = _least(rows, kernel, shapes)
-    return "" if least is None else ", ".join(s.rsplit(" ", 1)[1] for s in shapes if _value(rows, kernel, s) == least)
+def _weakest(values, shapes):
+    """The rows (" M=…") where the least fraction falls: the GEMV targets' note."""
+    least = _least(values)
+    return "" if least is None else ", ".join(s.rsplit(" ", 1)[1] for s, v in zip(shapes, values) if v == least)
 
 
 def _check(name, goal, value, floor=None, note=""):
@@ -55,37 +103,53 @@ def _check(name, goal, value, floor=None, note=""):
                 note=note)
 
 
-def evaluate(rows: list) -> list:
-    """The targets of issue 3's "Done when" against benchmark rows (bench.harness.row dicts)."""
+def evaluate(rows: list, peak_GBps: float = None) -> list:
+    """The targets of issue 3's "Done when" against benchmark rows (bench.harness.row dicts); peak_GBps: the copy
+    peak of their run (for the targets measured by other bytes than the row's; else derived from the row)."""
     linears = list(dict.fromkeys(r["shape"].rsplit(" M=", 1)[0] for r in rows if r["kernel"] == GEMV))
     out = []
     for shape in linears:
         m15 = [f"{shape} M={m}" for m in range(1, 6)]
-        stored = _least(rows, GEMV_STORED, m15)
-        out.append(_check(f"int4 GEMV {shape}, M 1-5 (least)", ">= 0.80", _least(rows, GEMV, m15),
+        sums = _fractions(rows, GEMV, m15, int4_work_bytes, peak_GBps)
+        stored = _least(_fractions(rows, GEMV_STORED, m15, int4_work_bytes, peak_GBps))
+        out.append(_check(f"int4 GEMV {shape}, M 1-5 (least)", ">= 0.80", _least(sums),
                           _value(rows, "read floor", f"{shape} M=1 bytes"),
-                          f"least at {_weakest(rows, GEMV, m15)}" + ("" if stored is None else
-                                                                     f"; stored bf16: {stored:.3f}")))
+                          f"into int64 sums; least at {_weakest(sums, m15)}" +
+                          ("" if stored is None else f"; stored bf16: {stored:.3f}")))
     out.append(_check("int8 lm_head GEMV, M 1-5 (least)", ">= 0.85",
-                      _least(rows, "int8_linear", [f"lm_head 248320x5120 M={m}" for m in range(1, 6)])))
+                      _least(_fractions(rows, "int8_linear", [f"lm_head 248320x5120 M={m}" for m in range(1, 6)]))))
     for shape in linears:
         a8 = [_value(rows, kernel, f"{shape} M=320", "vs_cublas") for kernel in (W4A8_KERNEL, W4A8)]
         note = "" if None in a8 else f"W4A8: {a8[0]} (kernel, operand order), {a8[1]} (w4a8_linear)"
         out.append(_check(f"int4 GEMM {shape}, M 320: cuBLAS bf16 time / ours", ">= 1.00",
-                          _value(rows, GEMV_STORED, f"{shape} M=320", "vs_cublas"), note=note))
-    for name, kernel, shape, field, goal, floor in ROW_TARGETS:
-        out.append(_check(name, goal, _value(rows, kernel, shape, field), floor and _value(rows, *floor)))
+                          _ratio(rows, f"{shape} M=320"), note=note))
+    for name, kernel, shape, field, goal, floor, nbytes in ROW_TARGETS:
+        r, f = _row(rows, kernel, shape), floor and _row(rows, *floor)
+        if nbytes is None:
+            out.append(_check(name, goal, None if r is None else r.get(field), f and f.get("frac_peak")))
+            continue
+        note = "" if r is None else f"{nbytes:,} bytes; the row's {r['bytes']:,}: {r['frac_peak']}"
+        out.append(_check(name, goal, _fraction(r, nbytes, peak_GBps), f and _fraction(f, nbytes, peak_GBps), note))
     return out
 
 
 def write(rows: list, meta: dict, slug: str, directory: str = RESULTS) -> str:
     """targets-<slug>.md in `directory` from a kernel benchmark's rows and meta; returns the markdown."""
-    checks = evaluate(rows)
+    checks = evaluate(rows, meta.get("peak_copy_GBps"))
     met = sum(c["status"] == "met" for c in checks)
     lines = [f"# Issue 3 targets on {meta.get('gpu', '?')}", "",
              f"From kernels-{slug}.json (fractions of the copy peak measured in that run, "
-             f"{meta.get('peak_copy_GBps', '?')} GB/s; floor: a launch that only moves the same bytes). "
-             f"{met} of {len(checks)} met.", "",
+             f"{meta.get('peak_copy_GBps', '?')} GB/s; floor: a launch that only moves the same bytes, as a fraction "
+             f"of the same bytes). {met} of {len(checks)} met.", "",
+             f"Rows read: int4 GEMV — `{GEMV}` (the form bench/layer_step.py takes up to 24 rows: the next kernel "
+             f"converts the sums), the stored-bf16 `{GEMV_STORED}` in the note, both over the bytes of the work "
+             "(codes, scales, bf16 activations in and out: the sums' 8 bytes an output are not work); int8 lm_head "
+             f"— `int8_linear` (fp32 logits); int4 GEMM — cuBLAS bf16's time over `{GEMV_STORED}`'s at 320 rows, "
+             f"from the two rows' times; verify attention — `{ATTENTION}`, its "
+             "fraction over the KV bytes alone (the row also counts q and out: in the note); GDN verify — "
+             "`gdn_verify` on the engine's state layout, its fraction over the state's bytes alone (the row also "
+             "counts q, k, v, a, b and o); sampler — `sample qwen T1 k20 p.95` (one row, T 1, top-k 20, top-p "
+             "0.95) and `5 rows + rejection` (B 1, 4 drafts: the target's 5 rows sampled and the accept pass).", "",
              "| target | goal | measured | floor | status | note |", "|---|---|---|---|---|---|"]
     lines += [f"| {c['target']} | {c['goal']} | {c['measured']} | {c['floor']} | {c['status']} | {c['note']} |"
               for c in checks]
