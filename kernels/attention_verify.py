@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from kernels import attention_verify_gluon, device as gpu
-from kernels.device import pdl_wait
+from kernels.device import load_slot, pdl_wait
 from kernels.fp8 import E4M3_BITS_UNIT, decode_e4m3_ref, e4m3_decode
 from kernels.kv_write import cache_args
 
@@ -86,7 +86,7 @@ def _load_kv(ptrs, mask, KV_FMT: tl.constexpr):
 
 @triton.jit
 def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, out_ptr, part_ptr, gate_ptr,
-                   q_len, nseg, n_tiles, qk_scale, max_len,
+                   q_len, nseg, n_tiles, qk_scale, num_slots, max_len,
                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, s_cs, s_ch, s_cn, s_vs, s_vh, s_vn, s_vd, s_pb, s_ph, s_pt, s_ps,
                    s_gb, s_gt, s_gh,
                    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -101,8 +101,9 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     kvh = tl.program_id(1)
     seg = tl.program_id(2)
     pdl_wait(PDL)
-    slot = tl.load(rows_ptr + b)
-    # padding rows attend to nothing and output 0; a length past the cache (the caller's error) reads no other slot
+    slot = load_slot(rows_ptr + b, num_slots)
+    # padding rows (a slot < 0 or past the cache) attend to nothing and output 0; a length past the cache (the
+    # caller's error) reads no other slot
     kv_len = tl.where(slot >= 0, tl.minimum(tl.load(lens_ptr + b), max_len), 0)
     start = seg * BLOCK_N
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -173,7 +174,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
 
 
 @triton.jit
-def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, gate_ptr, nseg, Hq, max_len,
+def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, gate_ptr, nseg, Hq, num_slots, max_len,
                     s_pb, s_ph, s_pt, s_ps, s_ob, s_ot, s_oh, s_gb, s_gt, s_gh,
                     D: tl.constexpr, BLOCK_N: tl.constexpr, SEG_P2: tl.constexpr, BLOCK_D: tl.constexpr,
                     GATED: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
@@ -187,7 +188,7 @@ def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, gate_ptr, nseg, Hq, m
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     if not EARLY:
         pdl_wait(PDL)
-    slot = tl.load(rows_ptr + b)
+    slot = load_slot(rows_ptr + b, num_slots)
     kv_len = tl.where(slot >= 0, tl.minimum(tl.load(lens_ptr + b), max_len), 0)      # as the attention's
     n_used = tl.minimum(tl.cdiv(kv_len, BLOCK_N), nseg)       # segments holding at least one tile
     offs_s = tl.arange(0, SEG_P2)
@@ -309,14 +310,15 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     else:
         _attend_kernel[(B * n_tiles, hkv, nseg)](
             q, *cache, out, part, g,
-            q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D), k_cache.shape[2],
+            q_len, nseg, n_tiles, math.log2(math.e) / math.sqrt(D), k_cache.shape[0], k_cache.shape[2],
             *q.stride()[:3], *out.stride()[:3], *cache_strides, *s_part, *s_gate,
             G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, KV_FMT=fmt, SPLIT=split, GATED=gated,
             DOT_FP32=gpu.INTERPRET, num_warps=num_warps, num_stages=num_stages, **pdl)
     if split:
         block_d = combine_block_d(B, hq, D)
         _combine_kernel[(B, q_len * hq, D // block_d)](
-            partials, cache_rows, kv_lens, out, g, nseg, hq, k_cache.shape[2], *s_part, *out.stride()[:3], *s_gate,
+            partials, cache_rows, kv_lens, out, g, nseg, hq, k_cache.shape[0], k_cache.shape[2], *s_part,
+            *out.stride()[:3], *s_gate,
             D=D, BLOCK_N=block_n, SEG_P2=triton.next_power_of_2(nseg), BLOCK_D=block_d, GATED=gated,
             EARLY=fresh is not None, **pdl)
     return out

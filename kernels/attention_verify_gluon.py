@@ -161,7 +161,7 @@ def _load_q(q_row, kvh, q_len, s_qt, s_qh, G: gl.constexpr, D: gl.constexpr, R: 
 
 @gluon.jit
 def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, out_ptr, part_ptr, gate_ptr,
-                   q_len, nseg, qk_scale, max_len, fresh,
+                   q_len, nseg, qk_scale, num_slots, max_len, fresh,
                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, s_cs, s_ch, s_cn, s_vs, s_vh, s_vd, s_pb, s_ph, s_pt, s_ps,
                    s_gb, s_gt, s_gh,
                    k_load: gl.constexpr, v_load: gl.constexpr, G: gl.constexpr, D: gl.constexpr, R: gl.constexpr,
@@ -194,8 +194,9 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     if PDL and not EARLY:
         gdc_wait()
         gdc_launch_dependents()
-    slot = gl.load(rows_ptr + b)
-    # padding rows attend to nothing and output 0; a length past the cache (the caller's error) reads no other slot
+    slot = gpu.load_slot(rows_ptr + b, num_slots)
+    # padding rows (a slot < 0 or past the cache) attend to nothing and output 0; a length past the cache (the
+    # caller's error) reads no other slot
     kv_len = gl.where(slot >= 0, gl.minimum(gl.load(lens_ptr + b), max_len), 0)
     if not EARLY:   # q requested with the slot and length, not after them
         q = _load_q(q_ptr + b * s_qb, kvh, q_len, s_qt, s_qh, G, D, R, q_l)
@@ -332,8 +333,8 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     pdl = gpu.pdl(q.device)
     early = pdl and fresh is not None
     _attend_kernel[(B, hkv, nseg)](
-        q, *cache, out, part, g, q_len, nseg, math.log2(math.e) / math.sqrt(D), k_cache.shape[2], fresh or 0,
-        *q.stride()[:3], *out.stride()[:3], s_cs, s_ch, s_cn, s_vs, s_vh, s_vd, *s_part, *s_gate,
+        q, *cache, out, part, g, q_len, nseg, math.log2(math.e) / math.sqrt(D), k_cache.shape[0], k_cache.shape[2],
+        fresh or 0, *q.stride()[:3], *out.stride()[:3], s_cs, s_ch, s_cn, s_vs, s_vh, s_vd, *s_part, *s_gate,
         *load_layouts(D), G=G, D=D, R=R, STAGES=2, PF=int(nseg == 1), SPLIT=split, GATED=gate is not None, PDL=pdl,
         EARLY=early,
         num_warps=4, launch_pdl=pdl)

@@ -10,8 +10,8 @@ L new columns, and the next round finds its window at offset num_accepted - 1 ag
 
 Shapes: x [B, L, C] (any float dtype, channels contiguous; or, in one token tile, a linear's int64 sums:
 kernels/fixed_sum.py, converted and cleared); weight [C, K] (conv1d.weight[:, 0, :]); conv_state [num_slots, C, M]
-(columns contiguous); conv_slots [B] int32 (< 0: padding, zero history, no write); num_accepted [B] int32 or None;
-y [B, L, C] = silu(conv) in x's (activation) dtype.
+(columns contiguous); conv_slots [B] int32 (< 0: padding, zero history, no write; >= num_slots, the caller's error,
+as < 0); num_accepted [B] int32 or None; y [B, L, C] = silu(conv) in x's (activation) dtype.
 """
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu, fixed_sum
-from kernels.device import check_dense, pdl_args, pdl_wait
+from kernels.device import check_dense, load_slot, pdl_args, pdl_wait
 
 
 def causal_conv1d_reference(x, weight, conv_state, conv_slots, num_accepted=None):
@@ -40,7 +40,7 @@ def causal_conv1d_reference(x, weight, conv_state, conv_slots, num_accepted=None
 
 
 @triton.jit
-def _causal_conv1d_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, num_acc_ptr, y_ptr, L, C,
+def _causal_conv1d_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, num_acc_ptr, y_ptr, num_slots, L, C,
                           sx_b, sx_t, sw_c, sw_k, ss_n, sy_b, sy_t,
                           K: tl.constexpr, M: tl.constexpr, MP: tl.constexpr, HAS_NA: tl.constexpr,
                           BL: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr):
@@ -54,7 +54,7 @@ def _causal_conv1d_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, num_acc_ptr, y_ptr
     pdl_wait(PDL)
     t = tl.program_id(2) * BL + tl.arange(0, BL)
     tm = t < L
-    slot = tl.load(slots_ptr + bi)
+    slot = load_slot(slots_ptr + bi, num_slots)
     valid = slot >= 0
     if HAS_NA:
         off = tl.minimum(tl.maximum(tl.load(num_acc_ptr + bi), 1) - 1, M - (K - 1))
@@ -108,7 +108,8 @@ def causal_conv1d(x, weight, conv_state, conv_slots, num_accepted=None, out=None
                                           x.device)
     assert L <= bl or not fixed_sum.deferred(x), "int64 sums: one token tile reads (and clears) them"
     _causal_conv1d_kernel[(B, triton.cdiv(C, block_c), triton.cdiv(L, bl))](
-        x, weight, conv_state, conv_slots, conv_slots if num_accepted is None else num_accepted, y, L, C,
+        x, weight, conv_state, conv_slots, conv_slots if num_accepted is None else num_accepted, y,
+        conv_state.shape[0], L, C,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), conv_state.stride(0),
         y.stride(0), y.stride(1),
         K=K, M=M, MP=triton.next_power_of_2(M), HAS_NA=num_accepted is not None, BL=bl, BC=block_c,

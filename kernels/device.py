@@ -11,7 +11,8 @@ before the replay, never from a kernel of the same graph. Such a kernel calls `p
 before it reads anything an earlier kernel wrote and before it writes anything; `pdl_wait` returns once the
 previous kernel has completed, which (since that one waited too) means every earlier kernel has. Captured into
 a CUDA graph the overlap holds (H200, bench.harness.time_us: a launch spinning 3 µs before its wait and 3 µs after
-it, back to back, 4.0 µs a launch against 7.1 without PDL)."""
+it, back to back, 4.0 µs a launch against 7.1 without PDL).
+`load_slot` reads a per-sequence slot id of a KV cache or state pool for every kernel that indexes one."""
 import functools
 import os
 
@@ -88,3 +89,12 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def load_slot(ptr, num_slots):
+    """The slot id at ptr of a cache or pool of num_slots slots, or -1 for an id past it: every kernel reads and
+    writes nothing for a negative id (a padding row), so a slot id >= num_slots (garbage in a captured step's
+    inputs, which no wrapper can inspect) touches nothing outside the pool either."""
+    slot = tl.load(ptr)
+    return tl.where(slot < num_slots, slot, -1)

@@ -18,8 +18,8 @@ so W, U and |v| must stay below fp16's 65504 (true for post-conv activations).
 
 Shapes (per layer): q, k [B, L, Hk, dk]; v [B, L, Hv, dv]; a, b [B, L, Hv]; A_log, dt_bias [Hv];
 state [num_slots, Hv, dk, dv] fp16/fp32 (dv or dk fastest: kernels/gdn_common.state_pool); initial_slots,
-final_slots [B] int32 (initial < 0: start from zeros, final < 0: no write; they may be equal); o [B, L, Hv, dv] in
-v's dtype.
+final_slots [B] int32 (initial < 0: start from zeros, final < 0: no write; they may be equal; a slot >= num_slots
+counts as < 0); o [B, L, Hv, dv] in v's dtype.
 Workspace: W [B, Hv, Lp, dk], U [B, Hv, Lp, dv] fp16, scratch [B * Hv * n_chunks, C, C] fp32; Lp = n_chunks * C.
 """
 import torch
@@ -132,7 +132,7 @@ def _chunk_prepare_kernel(k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_
 
 @triton.jit
 def _chunk_state_kernel(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_ptr, u_ptr, state_ptr, init_ptr,
-                        final_ptr, o_ptr, L, LP,
+                        final_ptr, o_ptr, num_slots, L, LP,
                         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sa_b, sa_t, sb_b, sb_t, so_b, so_t, so_h, scale,
                         HV: tl.constexpr, KV_GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                         BV: tl.constexpr, CH: tl.constexpr, DK_FASTEST: tl.constexpr):
@@ -146,7 +146,7 @@ def _chunk_state_kernel(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_pt
     cols = tl.arange(0, CH)[None, :]
 
     tile = state_tile(h, offs_k, offs_v, DK, DV, DK_FASTEST)
-    first = tl.load(init_ptr + bi)
+    first = gpu.load_slot(init_ptr + bi, num_slots)
     S = tl.load(state_ptr + first.to(tl.int64) * (HV * DK * DV) + tile, mask=first >= 0, other=0.0)
     S = S.to(tl.float32)
     for c in range(0, tl.cdiv(L, CH)):
@@ -173,7 +173,7 @@ def _chunk_state_kernel(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_pt
                  O.to(o_ptr.dtype.element_ty), mask=tm[:, None])
         last = tl.sum(g, 0)
         S = S * tl.exp(last) + tl.dot(tl.trans((K * tl.exp(last - gam)[:, None]).to(tl.float16)), delta16)
-    fin = tl.load(final_ptr + bi)
+    fin = gpu.load_slot(final_ptr + bi, num_slots)
     tl.store(state_ptr + fin.to(tl.int64) * (HV * DK * DV) + tile, S.to(state_ptr.dtype.element_ty), mask=fin >= 0)
 
 
@@ -223,7 +223,7 @@ def chunk_states(q, k, a, b, A_log, dt_bias, state, initial_slots, final_slots, 
     stages = (3 if gpu.capability(q.device) >= (9, 0) else 2) - (q.element_size() > 2)
     assert DV % bv == 0
     _chunk_state_kernel[(B * HV, DV // bv)](
-        q, k, a, b, A_log, dt_bias, w, u, state, initial_slots, final_slots, o, L, w.shape[2],
+        q, k, a, b, A_log, dt_bias, w, u, state, initial_slots, final_slots, o, state.shape[0], L, w.shape[2],
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), o.stride(0), o.stride(1), o.stride(2), DK ** -0.5,
         HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv, CH=chunk, DK_FASTEST=dk_fastest(state, HV, DK, DV),

@@ -24,6 +24,7 @@ Shapes (per layer):
                                    clamp(num_accepted - 1, 0, T - 1), so 0 or garbage never indexes out of bounds
     o             [B, T, Hv, dv]   dtype of v
 Padding: a sequence whose initial slot id is negative starts from a zero state; any negative slot id is not
+written; a slot id >= num_slots (the caller's error) counts as negative: nothing outside the pool is read or
 written. T = 1 with one slot per sequence is the plain decode step (read and write the same slot).
 """
 import torch
@@ -106,7 +107,7 @@ def l2norm(x, AXIS: tl.constexpr):
 def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr,
                        num_acc_ptr, o_ptr,
                        sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sa_b, sa_t, sb_b, sb_t,
-                       so_b, so_t, so_h, ss_b,
+                       so_b, so_t, so_h, ss_b, num_slots,
                        scale, T: tl.constexpr, TP: tl.constexpr, HV: tl.constexpr, KV_GROUP: tl.constexpr,
                        DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, DK_FASTEST: tl.constexpr,
                        PROJ_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, RELOAD_K: tl.constexpr,
@@ -126,7 +127,7 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
 
     # Every load is issued up front: a load placed after a state store (a pointer that may alias) or after a layout
     # change (a shared-memory barrier) cannot be hoisted, and would cost each token a memory round trip.
-    slots, first = slot_row(num_acc_ptr, slots_ptr, bi, ss_b, T)
+    slots, first = slot_row(num_acc_ptr, slots_ptr, bi, ss_b, num_slots, T)
     S0_ptrs = state_ptr + first.to(tl.int64) * (HV * DK * DV) + tile
     S0 = tl.load(S0_ptrs, mask=first >= 0, other=0.0)
     qr, kr, vs, a_s, b_s = (), (), (), (), ()
@@ -263,7 +264,7 @@ def gdn_verify(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, 
         q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0),
+        o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0), state.shape[0],
         DK ** -0.5, T=T, TP=max(8, triton.next_power_of_2(T)), HV=HV, KV_GROUP=HV // HK, DK=DK, DV=DV, BV=bv,
         DK_FASTEST=dk_major, PROJ_DOT=proj_dot, DOT_PRECISION="tf32" if exact else "tf32x3", RELOAD_K=not narrow,
         num_warps=num_warps, **gpu.pdl_args(v.device))

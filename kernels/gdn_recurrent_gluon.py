@@ -140,7 +140,7 @@ def _gates(a, b, A_log, dt_bias):
 def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr,
                              num_acc_ptr, o_ptr,
                              sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sa_b, sa_t, sb_b, sb_t,
-                             so_b, so_t, so_h, ss_b, scale,
+                             so_b, so_t, so_h, ss_b, num_slots, scale,
                              T: gl.constexpr, HV: gl.constexpr, KV_GROUP: gl.constexpr, DK: gl.constexpr,
                              DV: gl.constexpr, BV: gl.constexpr, DK_FASTEST: gl.constexpr, S_LAYOUT: gl.constexpr,
                              VEC: gl.constexpr, XCHG: gl.constexpr, WD: gl.constexpr, SLOTS: gl.constexpr,
@@ -163,7 +163,7 @@ def _gdn_verify_gluon_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
         gdc_launch_dependents()
 
     # every load up front (as the Triton kernel): the initial slot from the slot row, then the state tile
-    slots, first = slot_row(num_acc_ptr, slots_ptr, bi, ss_b, T)
+    slots, first = slot_row(num_acc_ptr, slots_ptr, bi, ss_b, num_slots, T)
     ok = gl.full([DK, BV], 1, gl.int1, S_LAYOUT) & (first >= 0)
     S = gl.load(state_ptr + first.to(gl.int64) * (HV * DK * DV) + tile, mask=ok, other=0.0).to(gl.float32)
     # q_t, k_t twice: whole in every warp (the norms and q_t.k_t reduce inside a warp) and as the tile's rows
@@ -241,6 +241,6 @@ def launch(q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o, c
         q, k, v, a, b, A_log, dt_bias, state, state_slots, num_accepted, o,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0), DK ** -0.5,
+        o.stride(0), o.stride(1), o.stride(2), state_slots.stride(0), state.shape[0], DK ** -0.5,
         T, HV, HV // HK, DK, DV, bv, dk_fastest, *layouts(DK, cfg, dk_fastest), wd, exchange, cfg[4], pdl,
         num_warps=warps, launch_pdl=pdl)

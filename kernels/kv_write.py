@@ -2,7 +2,8 @@
 KV cache layout (one pair per full-attention layer, shared by every kernel in kernels/attention_*.py):
   k_cache, v_cache  [num_slots, Hkv, max_len, D]   uint8 (e4m3 codes) or bf16; one slot per resident sequence
   k_scale, v_scale  [Hkv] fp32                      per-(layer, kv-head) static scales; stored code = x / scale
-  cache_rows        [B] int32                       slot of batch row b; < 0 marks a padding row (skipped)
+  cache_rows        [B] int32                       slot of batch row b; < 0 marks a padding row (skipped), as
+                                                    does one >= num_slots (the caller's error: nothing touched)
   kv_lens           [B] int32                       tokens in the cache for row b INCLUDING the new ones, so the
                                                     n new tokens of row b sit at positions kv_len - n … kv_len - 1
 K is contiguous (one token of one head a D-vector). V may be any strided view of that shape; kv_cache() stores it
@@ -14,18 +15,19 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.device import check_dense, pdl_args, pdl_wait
+from kernels.device import check_dense, load_slot, pdl_args, pdl_wait
 from kernels.fp8 import e4m3_encode, encode_e4m3_ref
 
 
 @triton.jit
 def store_token(k, v, offs, mask, b, t, n_new, h, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr,
-                s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, max_len, FP8: tl.constexpr):
+                s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, num_slots, max_len, FP8: tl.constexpr):
     """New token t (of n_new) of batch row b, kv head h: k, v fp32 [D] (elements offs where mask) into the caches
-    (strides s_c*: k, D contiguous; s_vc*: v, any; max_len positions a slot), as e4m3(x / scale) codes when FP8;
-    nothing for a padding row, nor at a position outside the slot (a length short of n_new or past max_len: the
-    caller's error, which must not write into a neighbouring slot or outside the cache)."""
-    slot = tl.load(rows_ptr + b)
+    (strides s_c*: k, D contiguous; s_vc*: v, any; num_slots slots of max_len positions), as e4m3(x / scale) codes
+    when FP8; nothing for a padding row (a slot < 0 or >= num_slots), nor at a position outside the slot (a length
+    short of n_new or past max_len: the caller's error, which must not write into a neighbouring slot or outside
+    the cache)."""
+    slot = load_slot(rows_ptr + b, num_slots)
     pos = tl.load(lens_ptr + b) - n_new + t
     if (slot >= 0) & (pos >= 0) & (pos < max_len):
         dst = slot.to(tl.int64) * s_cs + h * s_ch + pos.to(tl.int64) * s_cn + offs
@@ -42,8 +44,8 @@ def store_token(k, v, offs, mask, b, t, n_new, h, kc_ptr, vc_ptr, ks_ptr, vs_ptr
 
 @triton.jit
 def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, n_new,
-                     s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, max_len,
-                     D: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
+                     s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, num_slots,
+                     max_len, D: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
     # k, v: [B, n_new, Hkv, D] (strides s_*b, s_*t, s_*h; D contiguous); caches [slots, Hkv, max_len, D]
     # (k cache strides s_c*, D contiguous; v cache strides s_vc*, any). Grid (B * n_new, Hkv): one token of one kv
     # head per program.
@@ -55,7 +57,7 @@ def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, len
     k = tl.load(k_ptr + b * s_kb + t * s_kt + h * s_kh + offs).to(tl.float32)
     v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs).to(tl.float32)
     store_token(k, v, offs, offs < D, b, t, n_new, h, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr,
-                s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, max_len, FP8)
+                s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, num_slots, max_len, FP8)
 
 
 def kv_cache(num_slots: int, num_kv_heads: int, max_len: int, head_dim: int, dtype, device):
@@ -91,8 +93,8 @@ def write_kv(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_le
     assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1
     ptrs, strides, fp8 = cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, hkv, D)
     _kv_write_kernel[(B * n_new, hkv)](
-        k_new, v_new, *ptrs, n_new, *k_new.stride()[:3], *v_new.stride()[:3], *strides, k_cache.shape[2], D=D, FP8=fp8,
-        **pdl_args(k_new.device))
+        k_new, v_new, *ptrs, n_new, *k_new.stride()[:3], *v_new.stride()[:3], *strides, k_cache.shape[0],
+        k_cache.shape[2], D=D, FP8=fp8, **pdl_args(k_new.device))
 
 
 def write_kv_ref(k_new, v_new, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens):

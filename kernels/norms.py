@@ -161,7 +161,7 @@ def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, c_ptr, NH, D
 def _qk_norm_rope_kernel(qg_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, ko_ptr, gate_ptr,
                          HQ, HKV, D, RD, eps, qg_stride, k_stride, cs_stride,
                          v_ptr, v_stride, n_new, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr,
-                         s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, max_len,
+                         s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, num_slots, max_len,
                          SIGMOID_GATE: tl.constexpr, KV_WRITE: tl.constexpr, FP8: tl.constexpr, BD: tl.constexpr,
                          PDL: tl.constexpr):
     """qg [T, HQ·2D] rows [q_0 | gate_0 | q_1 | gate_1 …]; k [T, HKV·D]; cos/sin [T, RD];
@@ -208,7 +208,7 @@ def _qk_norm_rope_kernel(qg_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr,
             v = fixed_sum.load(v_ptr + t * v_stride + (h - HQ) * D + d, m)
             fixed_sum.clear(v_ptr + t * v_stride + (h - HQ) * D + d, m)
             store_token(out, v, d, m, t // n_new, t % n_new, n_new, h - HQ, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
-                        rows_ptr, lens_ptr, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, max_len, FP8)
+                        rows_ptr, lens_ptr, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, num_slots, max_len, FP8)
 
 
 @triton.jit
@@ -349,9 +349,9 @@ def qk_norm_rope(qg, k, q_w, k_w, cos, sin, heads, kv_heads, eps, sigmoid_gate=F
         assert v is not None and v.shape == k.shape and v.stride(1) == 1, "v: [T, kv_heads·D] with the caches"
         assert T % cache_rows.shape[0] == 0, f"{T} rows are not {cache_rows.shape[0]} batch rows of equal length"
         ptrs, strides, fp8 = cache_args(*kv, kv_heads, D)
-        write = (v, v.stride(0), T // cache_rows.shape[0], *ptrs, *strides, kv[0].shape[2])
+        write = (v, v.stride(0), T // cache_rows.shape[0], *ptrs, *strides, kv[0].shape[0], kv[0].shape[2])
     else:
-        fp8, write = False, (k, 0, 1) + (k,) * 6 + (0,) * 8              # placeholders, never read
+        fp8, write = False, (k, 0, 1) + (k,) * 6 + (0,) * 9              # placeholders, never read
     _qk_norm_rope_kernel[(T, heads + kv_heads)](qg, k, q_w, k_w, cos, sin, q, k_out, gate, heads, kv_heads, D,
                                                 cos.shape[1], eps, qg.stride(0), k.stride(0), cos.stride(0),
                                                 *write, SIGMOID_GATE=sigmoid_gate, KV_WRITE=kv is not None, FP8=fp8,

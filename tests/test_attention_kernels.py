@@ -427,6 +427,37 @@ def test_verify_attention_gluon_fresh_keys(lens, nseg):
     assert torch.equal(early, out) and rel_err(out, ref) < 1e-2
 
 
+def framed(cache, code):
+    """The cache as a view inside a buffer of its layout (V keys-fastest stays so) with a slot of `code` before
+    and after it."""
+    big = torch.full((cache.shape[0] + 2, *cache.shape[1:]), code, dtype=cache.dtype, device=cache.device)
+    if cache.stride(2) == 1:
+        big = v_transposed(big)
+    big[1:-1] = cache
+    return big[1:-1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="wgmma: sm_90")
+@pytest.mark.parametrize("past", ["slots", 2**30])
+@pytest.mark.parametrize("nseg", [1, 16])
+def test_verify_attention_gluon_slot_past_cache(nseg, past):
+    """A slot id >= the cache's slots is a padding row, as -1 is: zeros, the other rows bitwise as with -1, nothing
+    read past the cache (the slot after it holds codes of 1.0: NaN codes would give zeros too). The Triton
+    kernels' cases: tests/test_kernel_bounds.py."""
+    lens = [1536, 130, 64]
+    q, kc, vc, ks, vs, rows, kv_lens = setup(3, 5, 24, 4, 256, lens, True, vt=True, max_len=round_up(lens))
+    kc, vc = framed(kc, 0x38), framed(vc, 0x38)
+    outs = []
+    for slot in (-1, kc.shape[0] if past == "slots" else past):
+        rows[0] = slot
+        outs.append(torch.full_like(q, math.nan))
+        verify_attention(q, kc, vc, ks, vs, rows, kv_lens, outs[-1],
+                         alloc_partials(3, 24, 8, 16, 256, DEV).fill_(math.nan), nseg, kv_fmt=KV_FP8_NATIVE,
+                         gluon=True)
+    assert (outs[1][0] == 0).all() and torch.equal(outs[1], outs[0])
+
+
 def test_prefill_padding_row_outputs_zero():
     """A padding row (cache row < 0) of the multi-tile prefill launch outputs exact zeros, the others unaffected
     (the verify launch's padding rows are tested above)."""

@@ -274,6 +274,30 @@ def test_gpu_verify_27b(B, proj_dot, block_v, num_warps, gluon, launch, state_dt
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("past", ["slots", 2**30])
+@pytest.mark.parametrize("B", [1, 12])
+def test_gpu_verify_slot_past_pool_27b(B, past):
+    """A slot id >= the pool's slots is padding, as -1 is (the Gluon kernel at two of its launches; the Triton
+    kernels' cases: tests/test_kernel_bounds.py): outputs and pool bitwise as with -1 there, the slots of 1.0
+    around the pool neither read nor written. Row 0 starts from such a slot, the last row skips its last write."""
+    T, HV, HK, D = 5, 48, 16, 128
+    q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, T, HV, HK, D, D, torch.bfloat16, seed=B)
+    n = B * T
+    big = state_pool(n + 2, HV, D, D, torch.float16, DEV).fill_(1.0)
+    big[1:-1] = torch.randn(n, HV, D, D, device=DEV)
+    slots = torch.arange(n, dtype=torch.int32, device=DEV).view(B, T)
+    slots[0, 0] = slots[-1, -1] = -1
+    runs = []
+    for fill in (-1, n if past == "slots" else past):
+        pool = big.clone()
+        o = gdn_verify(q, k, v, a, b, A_log, dt_bias, pool[1:-1], torch.where(slots < 0, fill, slots),
+                       torch.ones(B, dtype=torch.int32, device=DEV))
+        runs.append((o, pool))
+    (want_o, want_pool), (o, pool) = runs
+    assert torch.equal(o, want_o) and torch.equal(pool, want_pool) and (pool[[0, -1]] == 1).all()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dk_fastest", [False, True])
 @pytest.mark.parametrize("B", [1, 3, 12, 42])
 def test_gpu_verify_width_invariant_27b(B, dk_fastest):

@@ -1,28 +1,52 @@
 """Per-step device inputs the wrappers cannot inspect (a captured graph replays whatever the buffers hold) never
 make a kernel read or write outside its tensors, whatever they hold: lengths short of the new tokens or past the
-cache, token ids outside the vocabulary, accepted counts at the int32 extremes, NaN logits. Each case frames the
-real tensor with poisoned neighbours, or compares against the same call on the nearest valid input."""
+cache, slot ids past the cache or state pool, token ids outside the vocabulary, accepted counts at the int32
+extremes, NaN logits. Each case frames the real tensor with poisoned neighbours, or compares against the same call
+on the nearest valid input."""
 import pytest
 import torch
 
+from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import alloc_partials, verify_attention
 from kernels.conv1d import causal_conv1d
+from kernels.gdn_chunked import gdn_prefill
 from kernels.gdn_recurrent import gdn_verify
 from kernels.int8_embedding import int8_embedding
 from kernels.kv_write import write_kv
+from kernels.norms import qk_norm_rope
 from kernels.sampler import RejectionWorkspace, SamplingTensors, rejection_sample, sample
 from layers.quant import quantize_int8_rows
 
 NAN = float("nan")
 HKV, D, ML = 2, 16, 32                  # kv heads, head dim, cache positions per slot
+NS = 3                                  # slots of a framed cache or pool
+PAST = pytest.mark.parametrize("past", [NS, 2**30], ids=["slot == slots", "slot 2^30"])
 
 
-def framed_caches(slots=3):
-    """k, v caches [slots, HKV, ML, D] bf16 as views inside buffers with a NaN slot before and after them."""
-    big = [torch.full((slots + 2, HKV, ML, D), NAN, dtype=torch.bfloat16) for _ in range(2)]
-    for b in big:
-        b[1:-1] = torch.randn(slots, HKV, ML, D).bfloat16()
-    return big, big[0][1:-1], big[1][1:-1]
+def framed(*shape, slots=NS, dtype=torch.float32, poison=NAN):
+    """(buffer, pool): a random pool [slots, *shape] as a view inside a buffer with a slot of poison (NaN) before
+    and after it."""
+    big = torch.full((slots + 2, *shape), poison, dtype=dtype)
+    big[1:-1] = torch.randn(slots, *shape).to(dtype)
+    return big, big[1:-1]
+
+
+def framed_caches(slots=NS, poison=NAN):
+    """k, v caches [slots, HKV, ML, D] bf16 as views inside buffers with a poisoned (NaN) slot before and after."""
+    (kb, kc), (vb, vc) = (framed(HKV, ML, D, slots=slots, dtype=torch.bfloat16, poison=poison) for _ in range(2))
+    return [kb, vb], kc, vc
+
+
+def assert_past_is_padding(run, ids, past):
+    """run(slot ids) -> outputs and framed buffers, its inputs drawn afresh from torch's generator: with each -1 of
+    ids (a padding row) replaced by `past` (a slot past the pool) they come out bit for bit as with -1, the
+    poisoned slots around the pool included."""
+    results = []
+    for i in (ids, torch.where(ids < 0, past, ids)):
+        torch.manual_seed(0)
+        results.append(run(i))
+    for want, got in zip(*results):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))      # bitwise: NaN poison included
 
 
 @pytest.mark.parametrize("slot, length", [(0, 1), (2, ML + 2)], ids=["short of the new tokens", "past the cache"])
@@ -52,6 +76,89 @@ def test_attention_length_past_cache_reads_its_slot_only(nseg):
     verify_attention(q, kc, vc, None, None, rows, torch.tensor([ML + 8], dtype=torch.int32), got, parts, nseg,
                      block_n=16)
     assert torch.equal(got, want)      # the length is taken as the cache's: no key of the NaN slot after it
+
+
+@PAST
+def test_kv_writes_skip_a_slot_past_the_cache(past):
+    """write_kv and qk_norm_rope's KV write: a slot id >= the cache's slots is a padding row (nothing written)."""
+    B, n, HQ = 2, 3, 2
+
+    def run(rows):
+        lens = torch.tensor([5, 7], dtype=torch.int32)
+        new = torch.randn(B, n, HKV, D).bfloat16()
+        big, kc, vc = framed_caches()
+        write_kv(new, new, kc, vc, None, None, rows, lens)
+        fused, kc, vc = framed_caches()
+        qg, k, v = (torch.randn(B * n, h * D).bfloat16() for h in (2 * HQ, HKV, HKV))
+        outs = qk_norm_rope(qg, k, torch.randn(D), torch.randn(D), torch.randn(B * n, D), torch.randn(B * n, D),
+                            HQ, HKV, 1e-6, v=v, kv=(kc, vc, None, None, rows, lens))
+        return [*outs, *big, *fused]
+
+    assert_past_is_padding(run, torch.tensor([-1, 1], dtype=torch.int32), past)
+
+
+@PAST
+@pytest.mark.parametrize("nseg", [1, 3, "prefill"])
+def test_attention_slot_past_the_cache_is_padding(past, nseg):
+    """Attention (and the combine, over NaN partials it must not read): a slot id >= the cache's slots is a padding
+    row, output 0. The slot after the cache holds finite keys: NaN ones would give a padding row's zeros too."""
+    def run(rows):
+        big, kc, vc = framed_caches(poison=1.0)
+        q = torch.randn(2, 2, 4, D).bfloat16()
+        lens = torch.tensor([ML, 9], dtype=torch.int32)
+        out = torch.full_like(q, NAN)
+        if nseg == "prefill":
+            prefill_attention(q, kc, vc, None, None, rows, lens, out, block_m=16, block_n=16)
+        else:
+            verify_attention(q, kc, vc, None, None, rows, lens, out,
+                             alloc_partials(2, 4, 2, 3, D, "cpu").fill_(NAN), nseg, block_n=16)
+        assert (out[0] == 0).all()
+        return [out, *big]
+
+    assert_past_is_padding(run, torch.tensor([-1, 1], dtype=torch.int32), past)
+
+
+def gdn_inputs(B, L, HV=2, HK=1, DK=16):
+    q, k = torch.randn(B, L, HK, DK), torch.randn(B, L, HK, DK)
+    return q, k, torch.randn(B, L, HV, DK), torch.randn(B, L, HV), torch.randn(B, L, HV), torch.rand(HV), \
+        torch.randn(HV)
+
+
+@PAST
+@pytest.mark.parametrize("proj_dot", [False, True])
+def test_gdn_verify_slot_past_the_pool_is_padding(past, proj_dot):
+    """gdn_verify, both schemes: a slot id >= the pool's slots is padding. Row 0 starts from one (a zero state) and
+    writes one slot of three; row 1 starts from slot 1 and writes two."""
+    def run(slots):
+        big, pool = framed(2, 16, 16)
+        o = gdn_verify(*gdn_inputs(2, 3), pool, slots, torch.tensor([1, 2], dtype=torch.int32), proj_dot=proj_dot)
+        return o, big
+
+    assert_past_is_padding(run, torch.tensor([[-1, 0, -1], [-1, 1, 2]], dtype=torch.int32), past)
+
+
+@PAST
+def test_gdn_prefill_slot_past_the_pool_is_padding(past):
+    """gdn_prefill: row 0 starts from a slot past the pool (zeros), row 1's final state goes to one (nowhere)."""
+    def run(slots):
+        big, pool = framed(2, 16, 16)
+        o = gdn_prefill(*gdn_inputs(2, 5), pool, slots[0], slots[1], chunk=16)
+        return o, big
+
+    assert_past_is_padding(run, torch.tensor([[-1, 1], [2, -1]], dtype=torch.int32), past)
+
+
+@PAST
+@pytest.mark.parametrize("accepted", [None, [2, 1]], ids=["prefill", "verify"])
+def test_conv1d_slot_past_the_pool_is_padding(past, accepted):
+    """causal_conv1d: a conv state slot past the pool is padding (zero history, nothing written)."""
+    def run(slots):
+        big, state = framed(8, 3 + 2)
+        y = causal_conv1d(torch.randn(2, 3, 8), torch.randn(8, 4), state, slots,
+                          None if accepted is None else torch.tensor(accepted, dtype=torch.int32))
+        return y, big
+
+    assert_past_is_padding(run, torch.tensor([-1, 1], dtype=torch.int32), past)
 
 
 def test_embedding_ids_outside_the_table():
