@@ -32,11 +32,17 @@ class SamplingParams:
         return self
 
 
+def _saturate(x):
+    """fp32 x with +inf -> the largest finite fp32 and NaN -> −inf, as the kernels read logits (sampler._scale)."""
+    return x.float().nan_to_num(float("-inf"), torch.finfo(torch.float32).max, float("-inf"))
+
+
 def scaled_logits(logits, temperature):
-    """logits [R, V], temperature [R] -> logits · (1/T) in fp32 (greedy rows, T <= 0, unscaled). A product with the
-    correctly rounded reciprocal, as the kernels compute it, so kernels and reference see the same values."""
+    """logits [R, V], temperature [R] -> logits · (1/T) in fp32 (greedy rows, T <= 0, unscaled), saturated (_saturate).
+    A product with the correctly rounded reciprocal, as the kernels compute it, so kernels and reference see the same
+    values."""
     t = temperature.float().to(logits.device)
-    return logits.float() * (1.0 / torch.where(t > 0, t, torch.ones_like(t)))[:, None]
+    return _saturate(logits.float() * (1.0 / torch.where(t > 0, t, torch.ones_like(t)))[:, None])
 
 
 def support(logits, temperature, top_k, top_p):
@@ -46,7 +52,12 @@ def support(logits, temperature, top_k, top_p):
     top-p (p < 1), on the distribution renormalised after top-k: sort descending, take the first position whose
     inclusive cumulative probability reaches p, keep every x >= its value. A tie group is kept or dropped whole,
     so the support does not depend on how a sort orders ties; the top group always stays. Greedy rows: the first
-    argmax only."""
+    argmax only.
+
+    Values are scaled_logits: +inf logits, and finite ones that overflow under 1/T, saturate at the largest finite
+    fp32, so they tie at the top and share its mass equally (every finite value below gets exp(−huge) = 0); NaN
+    counts as −inf. A row of no value above −inf keeps nothing (its probabilities are 0; greedy, and the kernels,
+    still name token 0, its first argmax)."""
     x = scaled_logits(logits, temperature)
     V = x.shape[-1]
     s = x.sort(-1, descending=True).values
@@ -58,15 +69,16 @@ def support(logits, temperature, top_k, top_p):
     p = top_p.float().to(x.device)
     first = (cum < p[:, None]).sum(-1).clamp(max=V - 1)
     v_p = torch.where(p < 1, s.gather(1, first[:, None])[:, 0], torch.full_like(kth, float("-inf")))
-    keep = x >= torch.maximum(v_k, v_p)[:, None]
+    keep = (x >= torch.maximum(v_k, v_p)[:, None]) & (s[:, :1] > float("-inf"))
     onehot = torch.zeros_like(keep).scatter(1, x.argmax(-1, keepdim=True), True)
     return torch.where((temperature.to(x.device) <= 0)[:, None], onehot, keep)
 
 
 def row_probabilities(logits, temperature, top_k, top_p):
-    """The processed distribution [R, V] fp32: softmax of logits / T over the support (one-hot when greedy)."""
+    """The processed distribution [R, V] fp32: softmax of logits / T over the support (one-hot when greedy; all 0
+    for a row of no value above −inf)."""
     x = scaled_logits(logits, temperature)
-    return x.masked_fill(~support(logits, temperature, top_k, top_p), float("-inf")).softmax(-1)
+    return x.masked_fill(~support(logits, temperature, top_k, top_p), float("-inf")).softmax(-1).nan_to_num(0.0)
 
 
 def probabilities(logits, params: SamplingParams):
@@ -86,7 +98,7 @@ def sample(probs, generator=None):
 def next_token(logits, params: SamplingParams, generator):
     """logits [..., V] -> token ids [...]: argmax when greedy, else a draw from probabilities()."""
     if params.greedy:
-        return logits.argmax(-1)
+        return _saturate(logits).argmax(-1)
     return sample(probabilities(logits, params), generator)
 
 
@@ -105,7 +117,7 @@ def accept_drafts(target_logits, drafts, draft_probs, params: SamplingParams, ge
     Returns (accepted [B] in 0…k, next_token [B]): the first `accepted` drafts are kept, then next_token
     (the correction at the first rejection, or the bonus)."""
     if params.greedy:
-        best = target_logits.argmax(-1)                                   # [B, k+1]
+        best = _saturate(target_logits).argmax(-1)                        # [B, k+1]
         accepted = (drafts == best[:, :-1]).int().cumprod(-1).sum(-1)
         return accepted, best.gather(1, accepted[:, None])[:, 0]
     return accept_sampled(probabilities(target_logits, params), draft_probs, drafts, generator)

@@ -26,8 +26,10 @@ over the residual there, and the emitted tokens, by the sequence's last program 
 programmatic dependent launch on sm_90+ (kernels/device.py).
 
 Descriptors desc [rows, 4] = (1/T, M, tau, Zs) describe the processed distribution of a row:
-p(v) = exp(x_v − M) / Zs for x_v >= tau, else 0 (1/T == 0 marks a greedy row). Rejection sampling reads p and q
-through them. Padding rows should be greedy: a row of equal logits under top-k and top-p takes the slow path."""
+p(v) = exp(x_v − M) / Zs for x_v >= tau, else 0 (1/T == 0 marks a greedy row), x as _scale reads the logits: +inf
+saturates at FLT_MAX, NaN counts as −inf. Rejection sampling reads p and q through them. Padding rows should be
+greedy: a row of equal logits under top-k and top-p takes the slow path, as does a top-k row with fewer +inf logits
+than k (the level pivots collapse: FLT_MAX − 64 rounds to FLT_MAX)."""
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +42,7 @@ from kernels.device import pdl_wait
 RACE = tl.constexpr(0)          # Philox stream ids: keep the draws of different decisions independent
 RESIDUAL = tl.constexpr(1)
 ACCEPT = tl.constexpr(2)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
 DEPTH = tl.constexpr(64.0)      # nats below the max covered by the first level (exp(−64) is below fp32 relevance)
 NSTATE = tl.constexpr(7)        # bracket state: lo, hs, count(x >= lo), count(x >= hs), mass(x >= hs), M, Z
 
@@ -102,11 +105,18 @@ def _params(r, ROW_DIV, temp_ptr, topk_ptr, topp_ptr, V):
 
 
 @triton.jit
+def _scale(logit, inv_t):
+    """logit · (1/T) in fp32, saturated at FLT_MAX, NaN (also 0 · inf from a subnormal T) -> −inf: +inf logits, and
+    finite ones that overflow under 1/T, tie at the top and share its mass equally, and x − M is finite or −inf,
+    never inf − inf; a NaN is never the argmax nor sampled (with NaN an argmax may land on a padding index past V)."""
+    x = logit.to(tl.float32) * inv_t
+    return tl.where(x == x, tl.minimum(x, FLT_MAX), float("-inf"))
+
+
+@triton.jit
 def _load_x(row_ptr, offs, V, inv_t):
-    """Scaled logits, −inf past V; a NaN logit counts as −inf (never the argmax nor sampled: with NaN an argmax may
-    land on a padding index past V)."""
-    x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-    return tl.where(x == x, x, float("-inf")) * inv_t
+    """Scaled logits as _scale reads them (engine/sampling.scaled_logits the same), −inf past V."""
+    return _scale(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")), inv_t)
 
 
 @triton.jit
@@ -548,13 +558,16 @@ def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
             else:
                 tau, zs, fbest, tok = _fallback(row_ptr, V, inv_t, M, Z, lo, hs, kact, pact, k, p, seed, r, off,
                                                 BLOCK)
-    tok = tl.minimum(tl.maximum(tok, 0), V - 1)     # a row of no finite logit still names a token of the vocabulary
+    # a row of no logit above −inf (all −inf or NaN) names token 0, its first argmax, and keeps nothing (tau = +inf
+    # lies above every x: p ≡ 0); any other row's winner is a token of the vocabulary
+    empty = M == float("-inf")
+    tok = tl.where(empty, 0, tok)
     if HAS_D2T:   # reduced draft vocabulary: target id = draft id + d2t[draft id]
         tok += tl.load(d2t_ptr + tok)
     tl.store(ids_ptr + r * ids_stride, tok)
     tl.store(desc_ptr + r * desc_stride + 0, tl.where(sampled, inv_t, 0.0))
     tl.store(desc_ptr + r * desc_stride + 1, M)
-    tl.store(desc_ptr + r * desc_stride + 2, tau)
+    tl.store(desc_ptr + r * desc_stride + 2, tl.where(empty, float("inf"), tau))
     tl.store(desc_ptr + r * desc_stride + 3, zs)
     if ADVANCE:
         _advance(offset_ptr, off, ticket_ptr, n_rows)
@@ -573,8 +586,7 @@ def _advance(offset_ptr, off, ticket_ptr, n_programs):
 @triton.jit
 def _prob(logit, desc_ptr, mask):
     """p(v) of a processed distribution from its descriptor (1/T, M, tau, Zs) and the raw logit."""
-    inv_t = tl.load(desc_ptr + 0, mask=mask, other=1.0)
-    x = logit.to(tl.float32) * inv_t
+    x = _scale(logit, tl.load(desc_ptr + 0, mask=mask, other=1.0))   # as the sampler read it
     keep = mask & (x >= tl.load(desc_ptr + 2, mask=mask, other=0.0))
     return tl.where(keep, tl.exp(x - tl.load(desc_ptr + 1, mask=mask, other=0.0))
                     / tl.load(desc_ptr + 3, mask=mask, other=1.0), 0.0)

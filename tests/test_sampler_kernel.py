@@ -1,7 +1,7 @@
 """kernels/sampler.py against the plain-torch reference in engine/sampling.py: exact supports (ties included) on every resolution path,
 greedy == first argmax, descriptors == reference probabilities, χ² tests of the sampled and of the speculatively
-emitted token distributions, device-side RNG offset, reduced draft vocabulary. CPU runs use the interpreter with
-small shapes; the @gpu tests use the 248,320 vocabulary and many more rows."""
+emitted token distributions, device-side RNG offset, reduced draft vocabulary, +inf / NaN / overflowing logits. CPU
+runs use the interpreter with small shapes; the @gpu tests use the 248,320 vocabulary and many more rows."""
 import math
 
 import pytest
@@ -68,7 +68,8 @@ def check_rows(logits, params, cfg):
                       x >= desc[:, 2:3])
     bad = (got != want).any(1).nonzero().flatten().tolist()
     assert not bad, f"support differs in rows {bad}"
-    assert want.gather(1, ids.long()[:, None]).all(), "sampled outside the support"
+    kept = want.gather(1, ids.long()[:, None])[:, 0]
+    assert (kept | ~want.any(1) & (ids == 0)).all(), "sampled outside the support (a row keeping nothing: 0)"
     # the descriptor reproduces the processed distribution
     p = torch.where(got, torch.exp(x - desc[:, 1:2]) / desc[:, 3:4], torch.zeros_like(x))
     p_ref = ref.row_probabilities(logits, params.temperature, params.top_k, params.top_p)
@@ -131,6 +132,61 @@ def test_temperature_rounds_like_the_reference():
     row = torch.full((1, 120), -5.0)
     row[0, 7], row[0, 50] = x1, torch.nextafter(torch.tensor(x1), torch.tensor(9.0)).item()
     check_rows(row.to(DEV), S.SamplingTensors.of([1.3], [1], [1.0], DEV), SMALL)
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+def extreme_rows(V, dtype):
+    """(logits [R, V], SamplingTensors): +inf logits few and many (a tie group larger than SMALL's CAP), finite ones
+    that overflow under 1/T, NaN, +inf among −inf, and rows of no logit above −inf, under each kind of truncation."""
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(V, generator=g) * 2
+    few, many, over, nan, mixed = (base.clone() for _ in range(5))
+    few[[10, V // 2, V - 1]] = INF                      # in different blocks, the last before padding
+    many[100:160] = INF
+    over[[7, 9, 11]] = torch.tensor([3e38, 2e38, -3e38])   # at T 0.5: FLT_MAX, FLT_MAX, −inf
+    nan[[3, 5, 8]] = torch.tensor([NAN, NAN, 50.0])        # the argmax, after NaNs (torch.argmax takes a NaN)
+    mixed[:] = -INF
+    mixed[[3, V - 40]] = INF
+    mixed[[4, 60]] = torch.tensor([NAN, 1.0])
+    empty = torch.full((V,), -INF)
+    empty[::3] = NAN
+    both, k20, p9 = (1.0, 20, 0.9), (1.0, 20, 1.0), (1.0, 0, 0.9)
+    rows = [(few, t) for t in ((1.0, 0, 1.0), k20, p9, both, (0.0, 0, 1.0), (1.0, 2, 0.5))] + \
+           [(many, t) for t in (k20, p9, both, (0.0, 0, 1.0))] + \
+           [(over, t) for t in ((0.5, 0, 1.0), (0.5, 20, 0.9), (0.0, 0, 1.0))] + \
+           [(nan, t) for t in ((0.0, 0, 1.0), (1.0, 5, 0.9))] + \
+           [(mixed, t) for t in ((1.0, 0, 1.0), both, (0.0, 0, 1.0))] + \
+           [(empty, t) for t in ((1.0, 0, 1.0), both, (0.0, 0, 1.0))]
+    logits, params = zip(*rows)
+    t, k, p = zip(*params)
+    return torch.stack(logits).to(dtype).to(DEV), S.SamplingTensors.of(list(t), list(k), list(p), DEV)
+
+
+def test_inf_nan_and_overflowing_logits():
+    """Kernel and reference read a logit alike: +inf (and a finite x overflowing under 1/T) saturates at FLT_MAX and
+    ties at the top with its like (no inf − inf), NaN counts as −inf, and a row of no logit above −inf keeps nothing
+    (tau = +inf) and names token 0: supports, descriptors and tokens as check_rows, on every resolution path."""
+    logits, params = extreme_rows(500, torch.bfloat16)
+    assert {"tie", "cand", "fallback"} <= set(check_rows(logits, params, SMALL))
+    greedy = params.temperature.cpu() == 0
+    assert ref.next_token(logits.cpu()[greedy], ref.SamplingParams(0.0), None).tolist() == [10, 100, 7, 8, 3, 0]
+
+
+def test_inf_logits_share_the_mass_chi2():
+    """The +inf logits of a row, and at T 0.5 the finite one that overflows, are drawn uniformly; the rest never."""
+    V, R = 8, 96
+    row = torch.randn(1, V, generator=torch.Generator().manual_seed(3))
+    row[0, [1, 4, 5]], row[0, 7] = INF, 3e38
+    row = row.to(DEV)
+    for t, k, p, top in [(1.0, 0, 1.0, [1, 4, 5]), (0.5, 3, 0.9, [1, 4, 5, 7])]:   # a tie group stays whole
+        params = S.SamplingTensors.of([t] * R, [k] * R, [p] * R, DEV)
+        ws = S.SamplerWorkspace(R, V, DEV, S.SamplerConfig(block=8, pivots=4, group=4, cap=8, levels=1))
+        ids, _ = S.sample(row.repeat(R, 1), params, *rng(11), ws)
+        probs = ref.row_probabilities(row, params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
+        assert torch.equal(probs.cpu(), torch.zeros(V).index_fill(0, torch.tensor(top), 1 / len(top)))
+        chi2_ok(torch.bincount(ids.long(), minlength=V), probs)
 
 
 def test_greedy_first_argmax_and_equal_logits():
@@ -367,3 +423,41 @@ def test_rejection_with_parameters_differing_per_sequence():
     out2, n2 = S.rejection_sample(target, draft, drafts, params, seed, offset,
                                   S.RejectionWorkspace(B, K, V, V, DEV, cfg))
     assert torch.equal(out2, out) and torch.equal(n2, n)
+
+
+def test_rejection_reads_inf_and_empty_rows():
+    """p and q as the sampler read the logits: saturated +inf (p = 1 where it is alone), p ≡ 0 for a row of no logit
+    above −inf. Each sequence's verdict is certain, and the reference's is the same."""
+    B, K, V = 5, 2, 100
+    g = torch.Generator().manual_seed(6)
+    target, draft = torch.randn(B, K + 1, V, generator=g), torch.randn(B, K, V, generator=g)
+    target[0, :, 7], draft[0, :, 7] = INF, INF    # p = q = δ_7: every draft accepted, and the bonus
+    target[1, :, 9], draft[1, :, 7] = INF, INF    # (top-k 20, top-p 0.9) p(7) = 0: rejected, corrected from r = δ_9
+    target[2, 0, 9], draft[2] = INF, -INF         # q ≡ 0 (the draft names 0): rejected, corrected from p = δ_9
+    target[3, 0], draft[3, :, 7] = NAN, INF       # p ≡ 0: rejected, r ≡ 0: the target row's own token, 0
+    target[4, :, 7], draft[4, :, 7] = 3e38, 3e38  # T 0.5: both overflow to FLT_MAX, p = q = δ_7
+    temp, top_k, top_p = [1.0, 1.0, 1.0, 1.0, 0.5], [0, 20, 0, 0, 0], [1.0, 0.9, 1.0, 1.0, 1.0]
+    drafts, out, n = speculate(target.to(DEV), draft.to(DEV), S.SamplingTensors.of(temp, top_k, top_p, DEV), SMALL)
+    assert out.tolist() == [[7, 7, 7], [9, -1, -1], [9, -1, -1], [0, -1, -1], [7, 7, 7]], out
+    per_seq = [torch.tensor(v) for v in (temp, top_k, top_p)]
+    p, q = (ref.row_probabilities(x.flatten(0, 1), *(v.repeat_interleave(x.shape[1]) for v in per_seq)).view(x.shape)
+            for x in (target, draft))
+    accepted, nxt = ref.accept_sampled(p, q, drafts.cpu().long(), torch.Generator().manual_seed(0))
+    assert torch.equal(accepted + 1, n.cpu().long()) and torch.equal(nxt, out.cpu().long()[torch.arange(B), accepted])
+
+
+def test_rejection_with_inf_logits_emits_target_distribution():
+    """Target rows tie two +inf tokens, the draft row has one of them: the draft is accepted with Σ min(p, q) = 1/2,
+    and every emitted position follows its target row."""
+    B, K, V = 64, 1, 8
+    g = torch.Generator().manual_seed(8)
+    target, draft = torch.randn(1, K + 1, V, generator=g), torch.randn(1, K, V, generator=g)
+    target[0, :, [2, 6]], draft[0, :, 2] = INF, INF
+    target, draft = target.repeat(B, 1, 1), draft.repeat(B, 1, 1)
+    params = S.SamplingTensors.of([1.0] * B, [0] * B, [1.0] * B, DEV)
+    cfg = S.SamplerConfig(block=8, pivots=4, group=4, cap=8, levels=1)
+    drafts, out, n = speculate(target.to(DEV), draft.to(DEV), params, cfg, seed=4)
+    assert (drafts == 2).all()
+    emitted_match_target(target, out.cpu(), n.cpu(), params)
+    rate = (n > 1).float().mean().item()
+    assert abs(rate - 0.5) < 4 * math.sqrt(0.25 / B), rate
