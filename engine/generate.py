@@ -158,7 +158,7 @@ class Generator:
         for j in range(k):
             logits = model.logits(y[:, -1])                              # [1, V]
             if sampling.greedy:
-                d, q = logits.argmax(-1), None
+                d, q = next_token(logits, sampling, gen), None                # the target's argmax rule (NaN)
             else:
                 q = probabilities(logits, sampling)
                 d = sample(q, gen)
