@@ -44,7 +44,7 @@ def _stream_kernel(src_ptr, dst_ptr, fold_ptr, n_words, per_prog, COPIES: tl.con
         if not EARLY:
             gdc_wait()
     p = tl.program_id(0)
-    lo = p * per_prog
+    lo = p.to(tl.int64) * per_prog         # int64: B64 at 64k context reads 2^31 words and more
     hi = tl.minimum(lo + per_prog, n_words)
     acc = tl.zeros([BLOCK], tl.int32)
     for i in range(lo, hi, BLOCK):
