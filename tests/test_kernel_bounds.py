@@ -18,6 +18,15 @@ from kernels.sampler import RejectionWorkspace, SamplingTensors, rejection_sampl
 from layers.quant import quantize_int8_rows
 
 NAN = float("nan")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def on_the_kernels_device():
+    """Every tensor a case makes lives where the kernels run: compiled on a CUDA machine (`pytest` there runs these
+    too; CPU tensors would reach the compiled kernels), the interpreter here."""
+    with torch.device(DEV):
+        yield
 HKV, D, ML = 2, 16, 32                  # kv heads, head dim, cache positions per slot
 NS = 3                                  # slots of a framed cache or pool
 PAST = pytest.mark.parametrize("past", [NS, 2**30], ids=["slot == slots", "slot 2^30"])
