@@ -559,9 +559,10 @@ def _resolve_kernel(logits_ptr, stride, V, temp_ptr, topk_ptr, topp_ptr, ROW_DIV
                 tau, zs, fbest, tok = _fallback(row_ptr, V, inv_t, M, Z, lo, hs, kact, pact, k, p, seed, r, off,
                                                 BLOCK)
     # a row of no logit above −inf (all −inf or NaN) names token 0, its first argmax, and keeps nothing (tau = +inf
-    # lies above every x: p ≡ 0); any other row's winner is a token of the vocabulary
+    # lies above every x: p ≡ 0); any other row's winner is a token of the vocabulary — clamped all the same, as
+    # d2t is read at it
     empty = M == float("-inf")
-    tok = tl.where(empty, 0, tok)
+    tok = tl.where(empty, 0, tl.minimum(tl.maximum(tok, 0), V - 1))
     if HAS_D2T:   # reduced draft vocabulary: target id = draft id + d2t[draft id]
         tok += tl.load(d2t_ptr + tok)
     tl.store(ids_ptr + r * ids_stride, tok)
