@@ -296,11 +296,12 @@ def read_input(path: str) -> list[InputLine]:
 RECORD_KEYS = {"id", "custom_id", "response", "error"}     # a result line's keys (_record)
 
 
-def _done_in(path: str | None) -> tuple[set, set]:
+def _done_in(path: str | None, retry: set) -> tuple[set, set]:
     """custom_ids already answered in an earlier run, and error messages of line-number-only records. A torn last
     line (the process died mid-write: a record's start) is cut off so the next append starts on a fresh line, and
-    internal errors (a 500: out of memory, say — not the request's fault) are taken out so the rerun tries those
-    requests again. A file that holds anything but result records is refused: it is not ours to change."""
+    internal errors (a 500: out of memory, say — not the request's fault) of custom_ids in `retry` (this input's)
+    are taken out so the rerun tries those requests again; another id's 500 stays, as no line of this input would
+    write it again. A file that holds anything but result records is refused: it is not ours to change."""
     if not path or not os.path.exists(path):
         return set(), set()
     try:
@@ -320,7 +321,7 @@ def _done_in(path: str | None) -> tuple[set, set]:
             raise BatchFileError(f"{path}: line {number} is not a batch result record: not a results file "
                                  "to resume (give another --output)")
         error = record and record["error"]
-        if isinstance(error, dict) and error.get("code") == "internal_error" and record["custom_id"] is not None:
+        if isinstance(error, dict) and error.get("code") == "internal_error" and record["custom_id"] in retry:
             continue
         kept.append(raw)
         if record is None:
@@ -492,9 +493,10 @@ def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *,
     log = log or sys.stderr
     _check_paths(in_path, out_path, errors_path, summary_path)
     lines = read_input(in_path)
-    done_ids, done_errors = _done_in(out_path)
+    retry = {line.custom_id for line in lines} - {None}
+    done_ids, done_errors = _done_in(out_path, retry)
     if errors_path:
-        more_ids, more_errors = _done_in(errors_path)
+        more_ids, more_errors = _done_in(errors_path, retry)
         done_ids |= more_ids
         done_errors |= more_errors
     todo = [ln for ln in lines if ln.custom_id not in done_ids and not (ln.custom_id is None and ln.error in done_errors)]

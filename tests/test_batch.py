@@ -324,6 +324,22 @@ def test_rerun_retries_internal_errors_only(tiny_engine, tmp_path, monkeypatch, 
     assert by_id["boom"]["error"] is None and by_id["bad"]["error"]["code"] == "invalid_request"
 
 
+def test_rerun_keeps_internal_errors_of_ids_not_in_its_input(tiny_engine, tmp_path, monkeypatch):
+    """A 500 is taken out only for a request this run will try again: one whose custom_id is not in the input (the
+    output shared with another input file) keeps its record rather than losing it."""
+    real = tiny_engine.generate
+
+    def broken(*args, **kw):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(tiny_engine, "generate", broken)
+    run(tiny_engine, tmp_path, [completion("first", max_tokens=2)])
+    monkeypatch.setattr(tiny_engine, "generate", real)
+    records, summary, _ = run(tiny_engine, tmp_path, [completion("second", max_tokens=2)])
+    assert summary.ok == 1 and [r["custom_id"] for r in records] == ["first", "second"]
+    assert records[0]["error"]["code"] == "internal_error"
+
+
 def test_errors_file_takes_failures_openai_style(tiny_engine, tmp_path):
     errors = str(tmp_path / "errors.jsonl")
     records, _, _ = run(tiny_engine, tmp_path, [completion("ok", max_tokens=2), completion("bad", n=3)],
