@@ -296,23 +296,35 @@ def read_input(path: str) -> list[InputLine]:
 RECORD_KEYS = {"id", "custom_id", "response", "error"}     # a result line's keys (_record)
 
 
-def _done_in(path: str | None, retry: set) -> tuple[set, set]:
-    """custom_ids already answered in an earlier run, and error messages of line-number-only records. A torn last
-    line (the process died mid-write: a record's start) is cut off so the next append starts on a fresh line, and
-    internal errors (a 500: out of memory, say — not the request's fault) of custom_ids in `retry` (this input's)
-    are taken out so the rerun tries those requests again; another id's 500 stays, as no line of this input would
-    write it again. A file that holds anything but result records is refused: it is not ours to change."""
+def _position(record: dict, numbers: dict, end: int) -> int:
+    """Where a result record belongs in input order: a failure at the line its message names (duplicated custom_ids
+    each have their own), a result at its custom_id's line (numbers: custom_id -> line), `end` for an id the input
+    does not hold."""
+    error = record["error"]
+    match = re.match(r"line (\d+):", (error.get("message") if isinstance(error, dict) else None) or "")
+    return int(match.group(1)) if match else numbers.get(record["custom_id"], end)
+
+
+def _done_in(path: str | None, lines: list) -> tuple[set, set, int | None]:
+    """custom_ids already answered in an earlier run, error messages of line-number-only records, and the last input
+    position (_position) of the records the file keeps, in order — None where they are out of order already (a run
+    that retried a request stopped before putting it in its place). A torn last line (the process died mid-write: a
+    record's start) is cut off so the next append starts on a fresh line, and internal errors (a 500: out of
+    memory, say — not the request's fault) of custom_ids of `lines` are taken out so the rerun tries those requests
+    again; another id's 500 stays, as no line of this input would write it again. A file that holds anything but
+    result records is refused: it is not ours to change."""
     if not path or not os.path.exists(path):
-        return set(), set()
+        return set(), set(), 0
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
         raise BatchFileError(f"cannot read {path}: {e.strerror}") from None
+    numbers = {line.custom_id: line.number for line in lines if line.custom_id is not None}
     complete, _, torn = data.rpartition(b"\n")
-    lines = complete.split(b"\n") if complete else []
-    kept, ids, messages = [], set(), set()
-    for number, raw in enumerate(lines, 1):
+    raws = complete.split(b"\n") if complete else []
+    kept, ids, messages, last = [], set(), set(), 0
+    for number, raw in enumerate(raws, 1):
         try:
             record = json.loads(raw) if raw.strip() else None
         except (ValueError, RecursionError):
@@ -321,11 +333,14 @@ def _done_in(path: str | None, retry: set) -> tuple[set, set]:
             raise BatchFileError(f"{path}: line {number} is not a batch result record: not a results file "
                                  "to resume (give another --output)")
         error = record and record["error"]
-        if isinstance(error, dict) and error.get("code") == "internal_error" and record["custom_id"] in retry:
+        if isinstance(error, dict) and error.get("code") == "internal_error" and record["custom_id"] in numbers:
             continue
         kept.append(raw)
         if record is None:
             continue
+        if last is not None:
+            position = _position(record, numbers, len(lines) + 1)
+            last = position if position >= last else None
         if record["custom_id"] is not None:
             ids.add(record["custom_id"])
         elif isinstance(error, dict):
@@ -333,24 +348,19 @@ def _done_in(path: str | None, retry: set) -> tuple[set, set]:
     if torn and not torn.startswith(b'{"id": "batch_req_'):
         raise BatchFileError(f"{path}: its last line is not a batch result record: not a results file to resume "
                              "(give another --output)")
-    if torn or len(kept) < len(lines):
+    if torn or len(kept) < len(raws):
         _rewrite(path, b"".join(line + b"\n" for line in kept))
-    return ids, messages
+    return ids, messages, last
 
 
 def _put_in_input_order(path: str, lines: list):
     """Results are appended as they finish, so a rerun that retried a request left its result after later ones:
-    the file is rewritten in input order (one line per input, in input order, as vLLM writes it) where it is not."""
-    numbers = {line.custom_id: line.number for line in lines}
-
-    def position(raw: bytes) -> int:        # a failure names its line (duplicated custom_ids each have their own)
-        record = json.loads(raw)
-        match = re.match(r"line (\d+):", (record["error"] or {}).get("message") or "")
-        return int(match.group(1)) if match else numbers.get(record["custom_id"], len(lines) + 1)
-
+    the file is rewritten in input order (one line per input, in input order, as vLLM writes it) where it is not.
+    It reads and decodes the whole file: run_batch calls it only where a record went before one already there."""
+    numbers = {line.custom_id: line.number for line in lines if line.custom_id is not None}
     with open(path, "rb") as f:
         raws = [raw for raw in f.read().split(b"\n") if raw.strip()]
-    order = [position(raw) for raw in raws]
+    order = [_position(json.loads(raw), numbers, len(lines) + 1) for raw in raws]
     if order != sorted(order):
         _rewrite(path, b"".join(raw + b"\n" for _, raw in sorted(zip(order, raws), key=lambda p: p[0])))
 
@@ -493,10 +503,10 @@ def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *,
     log = log or sys.stderr
     _check_paths(in_path, out_path, errors_path, summary_path)
     lines = read_input(in_path)
-    retry = {line.custom_id for line in lines} - {None}
-    done_ids, done_errors = _done_in(out_path, retry)
+    done_ids, done_errors, last = _done_in(out_path, lines)
+    last_in = {out_path: last}                 # per file: its records' last input position, None: out of order
     if errors_path:
-        more_ids, more_errors = _done_in(errors_path, retry)
+        more_ids, more_errors, last_in[errors_path] = _done_in(errors_path, lines)
         done_ids |= more_ids
         done_errors |= more_errors
     todo = [ln for ln in lines if ln.custom_id not in done_ids and not (ln.custom_id is None and ln.error in done_errors)]
@@ -507,21 +517,25 @@ def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *,
     out = _open_append(out_path)
     errors = _open_append(errors_path) if errors_path else out
     progress = Progress(len(todo), log)
+    first_new = {}                             # per file: the input position of the first record this run added
     started = time.perf_counter()
     try:
         for n, line in enumerate(todo, 1):
             record = _run_line(engine, line, defaults, think_end_id, summary, separate_errors=errors is not out)
-            target = out if record["error"] is None else errors
+            failed = record["error"] is not None
+            target = errors if failed else out
             target.write(json.dumps(record, ensure_ascii=False) + "\n")
             target.flush()
+            first_new.setdefault(errors_path if failed and errors_path else out_path, line.number)   # _position
             progress.update(n)
     finally:
         summary.elapsed = time.perf_counter() - started
         out.close()
         if errors is not out:
             errors.close()
-    for path in {out_path, errors_path} - {None}:
-        _put_in_input_order(path, lines)
+    for path, last in last_in.items():          # todo runs in input order: only a record put before one kept
+        if last is None or first_new.get(path, last) < last:       # from an earlier run can be out of place
+            _put_in_input_order(path, lines)
     log.write(summary.format() + "\n")
     if summary_path:
         try:

@@ -324,6 +324,33 @@ def test_rerun_retries_internal_errors_only(tiny_engine, tmp_path, monkeypatch, 
     assert by_id["boom"]["error"] is None and by_id["bad"]["error"]["code"] == "invalid_request"
 
 
+def test_results_are_reordered_only_where_a_record_went_before_an_earlier_one(tiny_engine, tmp_path, monkeypatch):
+    """The pass that puts a file in input order reads and decodes all of it, so it runs only where this run put a
+    record before one an earlier run wrote (a retried 500), or found the file out of order (a retry run that
+    stopped before its pass): not after a first run, nor after a rerun that only appended later lines."""
+    import engine.batch as batch
+    real_pass, real_generate = batch._put_in_input_order, tiny_engine.generate
+    passes = []
+    monkeypatch.setattr(batch, "_put_in_input_order", lambda path, lines: passes.append(path))
+    items = [completion("a", max_tokens=2), completion("b", max_tokens=2, prompt="oops"), completion("c", max_tokens=2)]
+
+    def flaky(ids, *args, **kw):
+        if ids == tiny_engine.tokenizer.encode("oops"):
+            raise RuntimeError("CUDA out of memory")
+        return real_generate(ids, *args, **kw)
+
+    monkeypatch.setattr(tiny_engine, "generate", flaky)
+    run(tiny_engine, tmp_path, items[:2])
+    run(tiny_engine, tmp_path, items)                   # c appended after a, b: in order, b's 500 not yet retried
+    assert passes == []
+    monkeypatch.setattr(tiny_engine, "generate", real_generate)
+    records, _, _ = run(tiny_engine, tmp_path, items)   # b retried, its result after c; the pass "crashed"
+    assert [r["custom_id"] for r in records] == ["a", "c", "b"] and len(passes) == 1
+    monkeypatch.setattr(batch, "_put_in_input_order", real_pass)
+    records, summary, _ = run(tiny_engine, tmp_path, items)
+    assert summary.skipped == 3 and [r["custom_id"] for r in records] == ["a", "b", "c"]
+
+
 def test_rerun_keeps_internal_errors_of_ids_not_in_its_input(tiny_engine, tmp_path, monkeypatch):
     """A 500 is taken out only for a request this run will try again: one whose custom_id is not in the input (the
     output shared with another input file) keeps its record rather than losing it."""
