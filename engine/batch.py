@@ -5,6 +5,7 @@ an error record for its custom_id (or its line number) and the others still run.
 input order and each result is appended and flushed as soon as it finishes, so a rerun after a crash skips the
 custom_ids already in the output and loses nothing; requests that failed with an internal error (a 500) are tried
 again."""
+import contextlib
 import json
 import os
 import re
@@ -366,15 +367,20 @@ def _put_in_input_order(path: str, lines: list):
 
 
 def _rewrite(path: str, data: bytes):
-    """Replace path's content at once (a crash leaves the old file or the new one, never half of either)."""
+    """Replace path's content at once (a crash leaves the old file or the new one, never half of either). A symlink
+    is followed (its target rewritten, the link kept) and the file keeps its permission bits."""
+    path = os.path.realpath(path)
     tmp = f"{path}.rewrite"
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
         os.replace(tmp, path)
     except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
         raise BatchFileError(f"cannot rewrite {path}: {e.strerror}") from None
 
 

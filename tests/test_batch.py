@@ -295,6 +295,24 @@ def test_rerun_after_a_crash_skips_finished_ids_and_drops_a_torn_line(tiny_engin
     assert len(read_records(out)) == 5
 
 
+def test_a_rewritten_output_keeps_its_symlink_and_mode(tiny_engine, tmp_path):
+    """The cut of a torn line replaces the file whole: through an --output that is a symlink the target is rewritten
+    (not the link replaced by a new file, leaving the target with its torn line), and the file keeps its mode."""
+    items = [completion(f"c{i}", max_tokens=2) for i in range(3)]
+    run(tiny_engine, tmp_path, items)
+    target = tmp_path / "results" / "out.jsonl"
+    target.parent.mkdir()
+    (tmp_path / "out.jsonl").rename(target)
+    (tmp_path / "out.jsonl").symlink_to(target)
+    lines = target.read_text().splitlines(keepends=True)
+    target.write_text("".join(lines[:2]) + lines[2][:25])
+    target.chmod(0o640)
+    records, summary, _ = run(tiny_engine, tmp_path, items)
+    assert summary.skipped == 2 and summary.ok == 1 and [r["custom_id"] for r in records] == ["c0", "c1", "c2"]
+    assert (tmp_path / "out.jsonl").is_symlink() and target.stat().st_mode & 0o777 == 0o640
+    assert not list(tmp_path.glob("**/*.rewrite"))
+
+
 @pytest.mark.parametrize("separate", [False, True], ids=["in the output", "in the errors file"])
 def test_rerun_retries_internal_errors_only(tiny_engine, tmp_path, monkeypatch, separate):
     """A request that failed with a 500 (the engine's fault: out of memory, say) is tried again by a rerun and its
