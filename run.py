@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--prompt", action="append", help="prompt text; repeat for several prompts")
     mode.add_argument("--interactive", action="store_true", help="multi-turn chat on the terminal")
     mode.add_argument("--batch-file", metavar="IN.jsonl", help="OpenAI Batch JSONL input (needs --output)")
-    p.add_argument("--output", metavar="OUT.jsonl", help="batch results, appended (reruns skip finished ids)")
+    p.add_argument("--output", metavar="OUT.jsonl", help="batch results, appended (reruns skip finished ids and retry "
+                   "internal errors)")
     p.add_argument("--batch-errors", metavar="FILE", help="write failed batch requests here instead of --output")
     p.add_argument("--batch-summary-json", metavar="FILE", help="write the batch summary as JSON")
     p.add_argument("--max-new-tokens", type=int, default=512, help="tokens to generate at most (default 512; "

@@ -4,7 +4,7 @@ Every input line is validated up front (JSON, envelope, body parameters, duplica
 an error record for its custom_id (or its line number) and the others still run. Requests run one at a time in
 input order and each result is appended and flushed as soon as it finishes, so a rerun after a crash skips the
 custom_ids already in the output and loses nothing; requests that failed with an internal error (a 500) are tried
-again."""
+again, and their new results put back in input order at the end of the run."""
 import contextlib
 import json
 import os

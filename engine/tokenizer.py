@@ -201,7 +201,9 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (the OpenAI logprobs' `bytes`): a byte-level token can hold part of a
-        UTF-8 character, which decoding it alone would turn into U+FFFD."""
+        UTF-8 character, which decoding it alone would turn into U+FFFD. Exact for added tokens and under a plain
+        ByteLevel decoder (the Qwen family's); any other token is decoded alone, so under another decoder a
+        byte-fallback piece (`<0xE4>`) gives U+FFFD's bytes and a SentencePiece word may lose its leading space."""
         token_id = int(token_id)
         if token_id in self._added:
             return self._added[token_id].encode("utf-8")
