@@ -9,7 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.sampling import _saturate
+
 MAX_TOP_LOGPROBS = 20          # alternatives per token a request may ask for (OpenAI's and vLLM's default limit)
+MIN_LOGPROB = -9999.0          # the least value reported (vLLM's floor): JSON has no -Infinity
 
 
 @dataclass(frozen=True)
@@ -20,8 +23,11 @@ class TokenLogprob:
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list, n: int) -> list:
-    """logits [T, V], the rows that produced tokens [T] -> a TokenLogprob each, with the n most likely tokens."""
-    lp = logits.float().log_softmax(-1)
+    """logits [T, V], the rows that produced tokens [T] -> a TokenLogprob each, with the n most likely tokens. Logits
+    are read as the sampler reads them (+inf saturates, NaN is −inf: engine/sampling.scaled_logits) and values kept
+    at MIN_LOGPROB or above, so every number is finite (a +inf logit made the whole row NaN, a −inf one −inf: neither
+    is JSON)."""
+    lp = _saturate(logits).log_softmax(-1).clamp_min(MIN_LOGPROB)
     chosen = lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
     top_lp, top_id = lp.topk(n, -1)
     return [TokenLogprob(t, c, tuple(zip(i, v))) for t, c, i, v in zip(tokens, chosen, top_id.tolist(), top_lp.tolist())]

@@ -1,11 +1,15 @@
 """Generation: greedy output equals transformers' with and without MTP drafting, drafting never changes the
 output (also when drafts are right for a random number of positions, so every rollback depth is exercised), and
 speculative sampling emits tokens from exactly the target distribution (statistical tests)."""
+import json
+import math
+
 import pytest
 import torch
 
 import engine.sampling as sampling
 from engine.generate import Generator
+from engine.logprobs import MIN_LOGPROB, token_logprobs
 from engine.sampling import SamplingParams, accept_drafts, probabilities
 from layers.checkpoint import load_model
 from tests.fixtures import CONFIGS, make_tiny_checkpoint, reference_model
@@ -109,6 +113,17 @@ def test_logprobs_are_the_models_with_and_without_drafting(setup, monkeypatch):
     assert gen.generate(prompt, 4, GREEDY).logprobs is None
     with pytest.raises(ValueError, match="logprobs must be in"):
         gen.generate(prompt, 4, GREEDY, logprobs=21)
+
+
+def test_logprobs_of_non_finite_logits_are_finite():
+    """Rows with +inf, NaN and −inf logits: +inf tokens share the mass (as the sampler reads them), NaN and −inf
+    ones get MIN_LOGPROB, and the entries serialise as strict JSON (no NaN, no -Infinity)."""
+    inf, nan = float("inf"), float("nan")
+    logits = torch.tensor([[1.0, inf, 0.0, inf], [2.0, nan, -inf, 2.0]])
+    got = token_logprobs(logits, [1, 0], 3)
+    assert got[0].logprob == pytest.approx(math.log(0.5)) and [t for t, _ in got[0].top[:2]] == [1, 3]
+    assert got[1].logprob == pytest.approx(math.log(0.5)) and got[1].top[2][1] == MIN_LOGPROB
+    json.dumps([(e.logprob, e.top) for e in got], allow_nan=False)
 
 
 def test_stop_ids_length_and_callback(setup):
