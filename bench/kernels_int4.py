@@ -22,6 +22,7 @@ import torch
 
 from bench.floors import read_floor_us
 from bench.harness import best_of, rotation, row, suite_main, time_us
+from bench.targets import int4_bytes
 from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma, int4_wgmma_ws as wgmma_ws
 from kernels.int4_linear import CODES, NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from layers.quant import Int4Weight, a8_permute
@@ -36,10 +37,6 @@ PEER_M = (1, 5) + GEMM_M
 def random_int4(n, k, device="cuda"):
     words = torch.randint(-2**31, 2**31 - 1, (k // 128, n, 16), dtype=torch.int32, device=device)
     return Int4Weight(words, (torch.rand(k // 128, n, device=device) * 0.01).half())
-
-
-def int4_bytes(m, n, k, act_bytes=2):
-    return n * k // 2 + n * (k // 128) * 2 + m * k * act_bytes + m * n * 2
 
 
 def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None, wgmma_params=None, sums=False, ws_cfg=None):

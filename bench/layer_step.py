@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
-from bench.kernels_int4 import int4_bytes, random_int4
+from bench.kernels_int4 import random_int4
+from bench.targets import int4_bytes
 from kernels import device as gpu, fixed_sum
 from kernels.attention_verify import alloc_partials, choose_nseg, verify_attention
 from kernels.conv1d import causal_conv1d

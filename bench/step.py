@@ -20,7 +20,8 @@ import argparse
 import torch
 
 from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
-from bench.kernels_int4 import int4_bytes, random_int4
+from bench.kernels_int4 import random_int4
+from bench.targets import int4_bytes
 from bench.kernels_int8 import VOCAB, lm_head_bytes, random_int8
 from bench.kernels_sampler import QWEN, params_for
 from bench.layer_step import Dims, Layer

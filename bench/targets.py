@@ -64,14 +64,18 @@ def _ratio(rows, shape):
     return None if ours is None or cublas is None else round(cublas["us"] / ours["us"], 3)
 
 
+def int4_bytes(m, n, k, act_bytes=2):
+    """The bytes an int4 linear out[m, n] = x[m, k] @ W[n, k]ᵀ must move: the codes, the fp16 scales of 128-groups,
+    the activations in (act_bytes each) and bf16 outputs out — whatever form the kernel leaves them in (the GEMV's
+    int64 sums stand for bf16 outputs). The benchmarks' rows and the GEMV targets count with this one formula."""
+    return n * k // 2 + n * (k // 128) * 2 + m * k * act_bytes + m * n * 2
+
+
 def int4_work_bytes(shape: str) -> int:
-    """The bytes an int4 linear of shape "<name> NxK M=m" must move (bench.kernels_int4.int4_bytes): the codes, the
-    fp16 scales of 128-groups, bf16 activations in and bf16 outputs out — whatever form the kernel leaves them in
-    (the GEMV's int64 sums stand for bf16 outputs)."""
+    """int4_bytes of a row's shape "<name> NxK M=m"."""
     dims, m = shape.rsplit(" ", 2)[1:]
     n, k = map(int, dims.split("x"))
-    m = int(m.removeprefix("M="))
-    return n * k // 2 + n * (k // 128) * 2 + m * k * 2 + m * n * 2
+    return int4_bytes(int(m.removeprefix("M=")), n, k)
 
 
 def _fractions(rows, kernel, shapes, nbytes=None, peak_GBps=None):
