@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling import _saturate
+from engine.sampling import saturate
 
 MAX_TOP_LOGPROBS = 20          # alternatives per token a request may ask for (OpenAI's and vLLM's default limit)
 MIN_LOGPROB = -9999.0          # the least value reported (vLLM's floor): JSON has no -Infinity
@@ -27,7 +27,7 @@ def token_logprobs(logits: torch.Tensor, tokens: list, n: int) -> list:
     are read as the sampler reads them (+inf saturates, NaN is −inf: engine/sampling.scaled_logits) and values kept
     at MIN_LOGPROB or above, so every number is finite (a +inf logit made the whole row NaN, a −inf one −inf: neither
     is JSON)."""
-    lp = _saturate(logits).log_softmax(-1).clamp_min(MIN_LOGPROB)
+    lp = saturate(logits).log_softmax(-1).clamp_min(MIN_LOGPROB)
     chosen = lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
     top_lp, top_id = lp.topk(n, -1)
     return [TokenLogprob(t, c, tuple(zip(i, v))) for t, c, i, v in zip(tokens, chosen, top_id.tolist(), top_lp.tolist())]
@@ -45,10 +45,12 @@ def completion_logprobs(tokenizer, entries: list) -> dict:
     """choices[].logprobs of a text completion: tokens, token_logprobs, top_logprobs (text -> logprob, the sampled
     token always among them) and text_offset (where each token's text starts in the generated text)."""
     text = lambda t: tokenizer.token_bytes(t).decode("utf-8", "replace")      # noqa: E731
+    raws = [tokenizer.token_bytes(e.token) for e in entries]
+    tokens = [raw.decode("utf-8", "replace") for raw in raws]
     decoder, offsets, chars = codecs.getincrementaldecoder("utf-8")("replace"), [], 0
-    for e in entries:       # a character split over tokens counts where it completes, as in the returned text
+    for raw in raws:        # a character split over tokens counts where it completes, as in the returned text
         offsets.append(chars)
-        chars += len(decoder.decode(tokenizer.token_bytes(e.token)))
-    return {"tokens": [text(e.token) for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{**{text(t): v for t, v in e.top}, text(e.token): e.logprob} for e in entries],
+        chars += len(decoder.decode(raw))
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{**{text(t): v for t, v in e.top}, token: e.logprob} for e, token in zip(entries, tokens)],
             "text_offset": offsets}

@@ -32,17 +32,17 @@ class SamplingParams:
         return self
 
 
-def _saturate(x):
+def saturate(x):
     """fp32 x with +inf -> the largest finite fp32 and NaN -> −inf, as the kernels read logits (sampler._scale)."""
     return x.float().nan_to_num(float("-inf"), torch.finfo(torch.float32).max, float("-inf"))
 
 
 def scaled_logits(logits, temperature):
-    """logits [R, V], temperature [R] -> logits · (1/T) in fp32 (greedy rows, T <= 0, unscaled), saturated (_saturate).
+    """logits [R, V], temperature [R] -> logits · (1/T) in fp32 (greedy rows, T <= 0, unscaled), saturated (saturate).
     A product with the correctly rounded reciprocal, as the kernels compute it, so kernels and reference see the same
     values."""
     t = temperature.float().to(logits.device)
-    return _saturate(logits.float() * (1.0 / torch.where(t > 0, t, torch.ones_like(t)))[:, None])
+    return saturate(logits.float() * (1.0 / torch.where(t > 0, t, torch.ones_like(t)))[:, None])
 
 
 def support(logits, temperature, top_k, top_p):
@@ -98,7 +98,7 @@ def sample(probs, generator=None):
 def next_token(logits, params: SamplingParams, generator):
     """logits [..., V] -> token ids [...]: argmax when greedy, else a draw from probabilities()."""
     if params.greedy:
-        return _saturate(logits).argmax(-1)
+        return saturate(logits).argmax(-1)
     return sample(probabilities(logits, params), generator)
 
 
@@ -117,7 +117,7 @@ def accept_drafts(target_logits, drafts, draft_probs, params: SamplingParams, ge
     Returns (accepted [B] in 0…k, next_token [B]): the first `accepted` drafts are kept, then next_token
     (the correction at the first rejection, or the bonus)."""
     if params.greedy:
-        best = _saturate(target_logits).argmax(-1)                        # [B, k+1]
+        best = saturate(target_logits).argmax(-1)                        # [B, k+1]
         accepted = (drafts == best[:, :-1]).int().cumprod(-1).sum(-1)
         return accepted, best.gather(1, accepted[:, None])[:, 0]
     return accept_sampled(probabilities(target_logits, params), draft_probs, drafts, generator)
