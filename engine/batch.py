@@ -7,6 +7,7 @@ custom_ids already in the output and loses nothing; requests that failed with an
 again, and their new results put back in input order at the end of the run."""
 import contextlib
 import json
+import math
 import os
 import re
 import sys
@@ -297,22 +298,27 @@ def read_input(path: str) -> list[InputLine]:
 RECORD_KEYS = {"id", "custom_id", "response", "error"}     # a result line's keys (_record)
 
 
-def _position(record: dict, numbers: dict, end: int) -> int:
+def _line_numbers(lines: list) -> dict:
+    """custom_id -> its input line number (1-based in the file: blank lines count)."""
+    return {line.custom_id: line.number for line in lines if line.custom_id is not None}
+
+
+def _position(record: dict, numbers: dict) -> float:
     """Where a result record belongs in input order: a failure at the line its message names (duplicated custom_ids
-    each have their own), a result at its custom_id's line (numbers: custom_id -> line), `end` for an id the input
-    does not hold."""
+    each have their own), a result at its custom_id's line (numbers: _line_numbers), after every input line for an
+    id the input does not hold."""
     error = record["error"]
     match = re.match(r"line (\d+):", (error.get("message") if isinstance(error, dict) else None) or "")
-    return int(match.group(1)) if match else numbers.get(record["custom_id"], end)
+    return int(match.group(1)) if match else numbers.get(record["custom_id"], math.inf)
 
 
-def _done_in(path: str | None, lines: list) -> tuple[set, set, int | None]:
+def _done_in(path: str | None, numbers: dict) -> tuple[set, set, float | None]:
     """custom_ids already answered in an earlier run, error messages of line-number-only records, and the last input
     position (_position) of the records the file keeps, in order — None where they are out of order already (a run
     that retried a request stopped before putting it in its place). A torn last line (the process died mid-write: a
     record's start) is cut off so the next append starts on a fresh line, and internal errors (a 500: out of
-    memory, say — not the request's fault) of custom_ids of `lines` are taken out so the rerun tries those requests
-    again; another id's 500 stays, as no line of this input would write it again. A file that holds anything but
+    memory, say — not the request's fault) of custom_ids of this input (numbers: _line_numbers) are taken out so
+    the rerun tries those requests again; another id's 500 stays, as no line of this input would write it again. A file that holds anything but
     result records is refused: it is not ours to change."""
     if not path or not os.path.exists(path):
         return set(), set(), 0
@@ -321,7 +327,6 @@ def _done_in(path: str | None, lines: list) -> tuple[set, set, int | None]:
             data = f.read()
     except OSError as e:
         raise BatchFileError(f"cannot read {path}: {e.strerror}") from None
-    numbers = {line.custom_id: line.number for line in lines if line.custom_id is not None}
     complete, _, torn = data.rpartition(b"\n")
     raws = complete.split(b"\n") if complete else []
     kept, ids, messages, last = [], set(), set(), 0
@@ -340,7 +345,7 @@ def _done_in(path: str | None, lines: list) -> tuple[set, set, int | None]:
         if record is None:
             continue
         if last is not None:
-            position = _position(record, numbers, len(lines) + 1)
+            position = _position(record, numbers)
             last = position if position >= last else None
         if record["custom_id"] is not None:
             ids.add(record["custom_id"])
@@ -354,14 +359,13 @@ def _done_in(path: str | None, lines: list) -> tuple[set, set, int | None]:
     return ids, messages, last
 
 
-def _put_in_input_order(path: str, lines: list):
+def _put_in_input_order(path: str, numbers: dict):
     """Results are appended as they finish, so a rerun that retried a request left its result after later ones:
     the file is rewritten in input order (one line per input, in input order, as vLLM writes it) where it is not.
     It reads and decodes the whole file: run_batch calls it only where a record went before one already there."""
-    numbers = {line.custom_id: line.number for line in lines if line.custom_id is not None}
     with open(path, "rb") as f:
         raws = [raw for raw in f.read().split(b"\n") if raw.strip()]
-    order = [_position(json.loads(raw), numbers, len(lines) + 1) for raw in raws]
+    order = [_position(json.loads(raw), numbers) for raw in raws]
     if order != sorted(order):
         _rewrite(path, b"".join(raw + b"\n" for _, raw in sorted(zip(order, raws), key=lambda p: p[0])))
 
@@ -509,10 +513,11 @@ def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *,
     log = log or sys.stderr
     _check_paths(in_path, out_path, errors_path, summary_path)
     lines = read_input(in_path)
-    done_ids, done_errors, last = _done_in(out_path, lines)
+    numbers = _line_numbers(lines)
+    done_ids, done_errors, last = _done_in(out_path, numbers)
     last_in = {out_path: last}                 # per file: its records' last input position, None: out of order
     if errors_path:
-        more_ids, more_errors, last_in[errors_path] = _done_in(errors_path, lines)
+        more_ids, more_errors, last_in[errors_path] = _done_in(errors_path, numbers)
         done_ids |= more_ids
         done_errors |= more_errors
     todo = [ln for ln in lines if ln.custom_id not in done_ids and not (ln.custom_id is None and ln.error in done_errors)]
@@ -541,7 +546,7 @@ def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *,
             errors.close()
     for path, last in last_in.items():          # todo runs in input order: only a record put before one kept
         if last is None or first_new.get(path, last) < last:       # from an earlier run can be out of place
-            _put_in_input_order(path, lines)
+            _put_in_input_order(path, numbers)
     log.write(summary.format() + "\n")
     if summary_path:
         try:

@@ -349,7 +349,7 @@ def test_results_are_reordered_only_where_a_record_went_before_an_earlier_one(ti
     import engine.batch as batch
     real_pass, real_generate = batch._put_in_input_order, tiny_engine.generate
     passes = []
-    monkeypatch.setattr(batch, "_put_in_input_order", lambda path, lines: passes.append(path))
+    monkeypatch.setattr(batch, "_put_in_input_order", lambda path, numbers: passes.append(path))
     items = [completion("a", max_tokens=2), completion("b", max_tokens=2, prompt="oops"), completion("c", max_tokens=2)]
 
     def flaky(ids, *args, **kw):
@@ -383,6 +383,25 @@ def test_rerun_keeps_internal_errors_of_ids_not_in_its_input(tiny_engine, tmp_pa
     records, summary, _ = run(tiny_engine, tmp_path, [completion("second", max_tokens=2)])
     assert summary.ok == 1 and [r["custom_id"] for r in records] == ["first", "second"]
     assert records[0]["error"]["code"] == "internal_error"
+
+
+def test_reorder_puts_ids_of_another_input_last_past_blank_lines(tiny_engine, tmp_path, monkeypatch):
+    """Input positions are file line numbers, which blank lines push past the count of requests: a record of an id
+    this input does not hold (the output shared with another input file) goes after all of them."""
+    real = tiny_engine.generate
+
+    def flaky(ids, *args, **kw):
+        if ids == tiny_engine.tokenizer.encode("oops"):
+            raise RuntimeError("CUDA out of memory")
+        return real(ids, *args, **kw)
+
+    run(tiny_engine, tmp_path, [completion("x", max_tokens=2)])
+    items = [completion("a", max_tokens=2), "", "", "", completion("b", max_tokens=2, prompt="oops")]
+    monkeypatch.setattr(tiny_engine, "generate", flaky)
+    run(tiny_engine, tmp_path, items)
+    monkeypatch.setattr(tiny_engine, "generate", real)
+    records, summary, _ = run(tiny_engine, tmp_path, items)
+    assert summary.ok == 1 and [r["custom_id"] for r in records] == ["a", "b", "x"]
 
 
 def test_errors_file_takes_failures_openai_style(tiny_engine, tmp_path):
