@@ -11,7 +11,7 @@ attempt at it: kernels/int4_gemv.py's launch table).
 nbytes once and write them `copies` times (a GDN verify step: its state read, the state after each token written).
 Each is the best over a few launch shapes, with and without programmatic dependent launch (where the GPU has it;
 the read-write floor's reads may then start before the previous launch completes, its writes wait for it), from a
-rotation of buffers (bench.harness.rotation, every copy in the timed graph), so every byte comes from or goes to HBM."""
+rotation of buffers (bench.harness.Rotation, every copy in the timed graph), so every byte comes from or goes to HBM."""
 import itertools
 
 import torch
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from bench.harness import rotation, rotation_reps, time_us
+from bench.harness import Rotation, time_us
 from kernels import device as gpu
 
 BLOCKS = (1024, 2048)           # int32 words a program moves per step (4 warps: 8 or 16 a thread)
@@ -70,7 +70,7 @@ def _best(nbytes: int, copies: int) -> float:
     def pair():                                         # a source and its destination (a word when none)
         return (torch.empty(n, dtype=torch.int32, device=dev),
                 torch.empty(max(1, copies * n), dtype=torch.int32, device=dev))
-    buffers = rotation(pair, nbytes * (1 + copies))
+    buffers = Rotation(pair, nbytes * (1 + copies))
     fold = torch.empty(16 * gpu.num_sms(dev), dtype=torch.int32, device=dev)
     modes = [(False, False)] + ([(True, False)] + [(True, True)] * (copies > 0) if gpu.pdl(dev) else [])
     best = float("inf")
@@ -81,7 +81,7 @@ def _best(nbytes: int, copies: int) -> float:
         def call():
             src, dst = buffers()
             _stream_kernel[grid](src, dst, fold, n, per, copies, block, pdl, early, num_warps=4, launch_pdl=pdl)
-        best = min(best, time_us(call, reps=rotation_reps(nbytes * (1 + copies))))
+        best = min(best, time_us(call, reps=buffers.reps))
     return best
 
 

@@ -57,23 +57,19 @@ def time_us(fn, reps: int = 20, trials: int = 7) -> float:
     return statistics.median(times)
 
 
-def rotation_copies(nbytes: int) -> int:
-    """How many copies of nbytes `rotation` makes: together at least ROTATE_BYTES, and never fewer than two."""
-    return max(2, -(-ROTATE_BYTES // nbytes))
-
-
-def rotation(make, nbytes):
-    """A function returning the next of enough copies of make() (nbytes each) that they cannot all sit in L2: every
+class Rotation:
+    """Enough copies of make() (nbytes each) that they cannot all sit in L2, handed out in turn by calling it: every
     timed call then reads its operands from HBM, as a model step does. time_us replays the calls it captured, so it
-    must capture at least one call per copy — pass it reps=rotation_reps(nbytes): with its default 20 calls, copies
-    of under ROTATE_BYTES / 20 (13.4 MB) would cycle through only 20 of them, a working set L2 may largely hold."""
-    copies = itertools.cycle([make() for _ in range(rotation_copies(nbytes))])
-    return lambda: next(copies)
+    must capture at least one call per copy — pass it reps=rotation.reps: with its default 20 calls, copies of under
+    ROTATE_BYTES / 20 (13.4 MB) would cycle through only 20 of them, a working set L2 may largely hold."""
 
+    def __init__(self, make, nbytes: int):
+        copies = [make() for _ in range(max(2, -(-ROTATE_BYTES // nbytes)))]      # at least ROTATE_BYTES, two or more
+        self.reps = max(20, len(copies))        # time_us's reps that put every copy in its graph
+        self._next = itertools.cycle(copies)
 
-def rotation_reps(nbytes: int, reps: int = 20) -> int:
-    """time_us's reps for a call that takes the next copy of a rotation(make, nbytes): every copy in its graph."""
-    return max(reps, rotation_copies(nbytes))
+    def __call__(self):
+        return next(self._next)
 
 
 def row(kernel: str, shape: str, us: float, nbytes: float, flops: float, peak_Bps: float, **extra) -> dict:

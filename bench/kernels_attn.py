@@ -5,7 +5,7 @@ Bytes counted: the KV the attention must read (all kv_lens × Hkv × D × 2 tens
 the combine are overhead. Beside each fp8 case, `read floor`: a launch that only reads as many bytes (KV, q and
 out; bench/floors.py: no kernel that reads them after its PDL wait beats it in this harness). The caches, and
 the torch SDPA peer's expanded ones, rotate through copies that L2 cannot hold, every copy in the timed graph
-(bench.harness.rotation_reps); q and out stay (the step's own activations); the KV writer and prefill do not
+(bench.harness.Rotation); q and out stay (the step's own activations); the KV writer and prefill do not
 rotate. `python -m bench.kernels_attn --sweep` times launch configurations instead (tiles, warps, segments)."""
 import itertools
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.floors import read_floor_us
-from bench.harness import measure_bandwidth, rotation, rotation_reps, row, suite_main, time_us
+from bench.harness import Rotation, measure_bandwidth, row, suite_main, time_us
 from kernels import attention_verify_gluon
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
@@ -57,12 +57,12 @@ def time_verify(case, nseg, partials, **kw):
     q, kc, vc, ks, vs, rows, lens = case
     out = torch.empty_like(q)
     nbytes = 2 * kc.numel() * kc.element_size()
-    caches = rotation(lambda: (kc.clone(), vc.clone()), nbytes)
+    caches = Rotation(lambda: (kc.clone(), vc.clone()), nbytes)
 
     def call():
         k, v = caches()
         verify_attention(q, k, v, ks, vs, rows, lens, out, partials, nseg, fresh=Q_LEN, **kw)
-    return time_us(call, reps=rotation_reps(nbytes))
+    return time_us(call, reps=caches.reps)
 
 
 def verify_rows(peak, sms):
@@ -113,13 +113,13 @@ def sdpa_row(case, ctx, peak):
     qt = q.transpose(1, 2)  # [1, Hq, 5, D]
     mask = torch.arange(ctx, device=DEV)[None, :] <= (ctx - Q_LEN + torch.arange(Q_LEN, device=DEV))[:, None]
     nbytes = 2 * k.numel() * k.element_size()
-    caches = rotation(lambda: (k.clone(), v.clone()), nbytes)          # out of L2, as ours
+    caches = Rotation(lambda: (k.clone(), v.clone()), nbytes)          # out of L2, as ours
 
     def call():
         kx, vx = caches()
         return F.scaled_dot_product_attention(qt, kx, vx, attn_mask=mask)
     try:
-        us = time_us(call, reps=rotation_reps(nbytes))
+        us = time_us(call, reps=caches.reps)
     except RuntimeError as e:  # a backend refusing graph capture must not sink the whole suite
         print("sdpa failed:", e)
         us = float("nan")

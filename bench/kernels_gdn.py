@@ -3,7 +3,7 @@ verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state; the default scheme 
 (T = 5) and prefill, chunked prefill at 4k tokens. Bytes counted: verify = read 1 state + write T states + q, k, v,
 a, b + o; conv = x + y + state read and written + weights; prefill = inputs + o + state read and written (its fp32
 W/U workspace is overhead, not counted). The verify's state slots and the conv's state and weights rotate through
-copies that L2 cannot hold, every copy in the timed graph (bench.harness.rotation_reps), as do the copies of the
+copies that L2 cannot hold, every copy in the timed graph (bench.harness.Rotation), as do the copies of the
 floor rows; the activations (q, k, v, a, b, x: the previous kernel's output) and the prefill's state do not.
 `python -m bench.kernels_gdn --sweep` times launch configurations instead (verify: scheme, V-tile, warps;
 prefill: V-tile, warps). Beside the B = 1 verify rows, the floor of the same harness: a launch that only reads a
@@ -15,7 +15,7 @@ import torch
 import triton
 
 from bench.floors import read_write_floor_us
-from bench.harness import rotation, rotation_reps, row, suite_main, time_us
+from bench.harness import Rotation, row, suite_main, time_us
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import chunk_prepare, chunk_states, gdn_prefill, prefill_workspace
 from kernels.gdn_common import state_pool
@@ -68,13 +68,12 @@ def floor_rows(nbytes, state_bytes, grid, peak, out):
     out.append(row("floor: read a state, write it T times", f"state {state_bytes} B, T {T}",
                    read_write_floor_us(state_bytes, T), (1 + T) * state_bytes, 0, peak))
     print(out[-1], flush=True)
-    pairs = rotation(lambda: (torch.empty(nbytes // 4, device=DEV, dtype=torch.float16).normal_(),
+    pairs = Rotation(lambda: (torch.empty(nbytes // 4, device=DEV, dtype=torch.float16).normal_(),
                               torch.empty(nbytes // 4, device=DEV, dtype=torch.float16)), nbytes)
-    reps = rotation_reps(nbytes)
     timed_row("floor: copy_ (memcpy node)", "same bytes", lambda: (lambda s, d: d.copy_(s))(*pairs()), nbytes, 0,
-              peak, out, reps=reps)
+              peak, out, reps=pairs.reps)
     timed_row("floor: mul by 1 (copy kernel)", "same bytes", lambda: (lambda s, d: torch.mul(s, 1, out=d))(*pairs()),
-              nbytes, 0, peak, out, reps=reps)
+              nbytes, 0, peak, out, reps=pairs.reps)
     for g in ((1,), grid):
         timed_row("floor: empty triton kernel", f"grid {g}", lambda: _empty_kernel[g](), nbytes, 0, peak, out)
 
@@ -95,7 +94,7 @@ def verify_rows(peak, sweep):
         for dk_major in (True, False):
             # copies of the pool that L2 cannot hold, every one in the timed graph: the state comes from HBM, as in a
             # step (the layers between two verifies of a layer evict it), and as the floor beside it reads it
-            pools = rotation(lambda: (state_pool(B * T, HV, D, D, sdt, DEV) if dk_major
+            pools = Rotation(lambda: (state_pool(B * T, HV, D, D, sdt, DEV) if dk_major
                                       else torch.zeros(B * T, HV, D, D, device=DEV, dtype=sdt)), pool_bytes)
             # the default launch; on the dv-fastest layout also the Triton kernel and the opt-in chunk form
             configs = [(False, None, None, None, None)]
@@ -111,7 +110,7 @@ def verify_rows(peak, sweep):
                 timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
                           lambda: gdn_verify(*inputs, pools(), slots, num_acc, out=o, block_v=bv, num_warps=warps,
                                              proj_dot=dot, gluon=gluon, gluon_launch=launch),
-                          nbytes, 8 * B * T * HV * D * D, peak, out, reps=rotation_reps(pool_bytes))
+                          nbytes, 8 * B * T * HV * D * D, peak, out, reps=pools.reps)
             del pools
             torch.cuda.empty_cache()
         if B == 1 and sdt == torch.float16:
@@ -130,10 +129,10 @@ def conv_rows(peak):
         num_acc = torch.randint(1, T + 1, (B,), dtype=torch.int32, device=DEV) if na else None
         const_bytes = (B * C * (K - 1 + KD) + w.numel()) * 2                # conv state and weights: from HBM
         nbytes = 2 * x.numel() * 2 + 2 * B * C * (K - 1 + KD) * 2 + w.numel() * 2
-        consts = rotation(lambda: (w.clone(), torch.randn(state_shape, device=DEV, dtype=torch.bfloat16)), const_bytes)
+        consts = Rotation(lambda: (w.clone(), torch.randn(state_shape, device=DEV, dtype=torch.bfloat16)), const_bytes)
         timed_row("conv1d_update" if na else "conv1d_prefill", f"B{B} L{L} C{C}",
                   lambda: (lambda wc, st: causal_conv1d(x, wc, st, slots, num_acc, out=y))(*consts()), nbytes,
-                  2 * B * L * C * K, peak, out, reps=rotation_reps(const_bytes))
+                  2 * B * L * C * K, peak, out, reps=consts.reps)
     return out
 
 

@@ -21,7 +21,7 @@ import itertools
 import torch
 
 from bench.floors import read_floor_us
-from bench.harness import best_of, rotation, row, suite_main, time_us
+from bench.harness import Rotation, best_of, row, suite_main, time_us
 from bench.targets import int4_bytes
 from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma, int4_wgmma_ws as wgmma_ws
 from kernels.int4_linear import CODES, NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
@@ -43,7 +43,7 @@ def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None, wgmma_params=None, 
     """int4_linear (cfg forces the Triton kernel), w4a8_linear (a8; with ws_cfg the warp-specialised kernel alone,
     on activations already in its operand order), or int4_gemv / int4_wgmma with explicit launch parameters; sums:
     the GEMV's output as int64 sums (kernels/fixed_sum.py; never cleared here)."""
-    weights = rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
+    weights = Rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
     out = torch.zeros(m, n, device="cuda", dtype=torch.int64 if sums else torch.bfloat16)
     if a8:
         x = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
@@ -61,7 +61,7 @@ def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None, wgmma_params=None, 
 
 
 def time_cublas(m, n, k):
-    weights = rotation(lambda: torch.randn(n, k, device="cuda", dtype=torch.bfloat16), n * k * 2)
+    weights = Rotation(lambda: torch.randn(n, k, device="cuda", dtype=torch.bfloat16), n * k * 2)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     return time_us(lambda: torch.mm(x, weights().t(), out=out))
@@ -72,7 +72,7 @@ def time_torch_int4pack(m, n, k):
         codes = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
         return (torch._convert_weight_to_int4pack((codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8), 8),
                 torch.rand(k // 128, n, 2, device="cuda", dtype=torch.bfloat16))
-    weights = rotation(make, n * k // 2 + n * (k // 128) * 4)
+    weights = Rotation(make, n * k // 2 + n * (k // 128) * 4)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     return time_us(lambda: (lambda w, sz: torch._weight_int4pack_mm(x, w, 128, sz))(*weights()))
 

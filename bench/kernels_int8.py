@@ -1,5 +1,5 @@
 """Int8 lm_head GEMV/GEMM (248320 × 5120, per-row scales) and the int8 embedding gather, with cuBLAS bf16 timed at
-the same shape in the same run. Weight copies rotate so that every call reads HBM (bench/harness.rotation).
+the same shape in the same run. Weight copies rotate so that every call reads HBM (bench/harness.Rotation).
 Bytes: int8 weights + fp16 row scales + bf16 activations + outputs (fp32 logits here: the eager model's dtype;
 bench/step.py's chain writes bf16 logits, 2 bytes less an element, with lm_head_bytes(out_bytes=2)). The embedding
 gather reads fixed ids, so its rows sit in L2 across the timed calls (not rotated: no target reads it).
@@ -8,7 +8,7 @@ gather reads fixed ids, so its rows sit in L2 across the timed calls (not rotate
 
 import torch
 
-from bench.harness import best_of, rotation, row, suite_main, time_us
+from bench.harness import Rotation, best_of, row, suite_main, time_us
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import Config, int8_linear, pick_config, split_activations
 from layers.quant import Int8Weight
@@ -30,7 +30,7 @@ def lm_head_bytes(m, n=VOCAB, k=HIDDEN, out_bytes=4):
 
 
 def time_ours(m, cfg=None, n=VOCAB, k=HIDDEN):
-    weights = rotation(lambda: random_int8(n, k), n * k)
+    weights = Rotation(lambda: random_int8(n, k), n * k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.float32)
     return time_us(lambda: int8_linear(x, weights(), out=out, cfg=cfg))
@@ -40,7 +40,7 @@ def run(peak_Bps: float) -> list:
     rows, cublas = [], {}
     shape = f"lm_head {VOCAB}x{HIDDEN}"
     for m in PEER_M:
-        weights = rotation(lambda: torch.randn(VOCAB, HIDDEN, device="cuda", dtype=torch.bfloat16), VOCAB * HIDDEN * 2)
+        weights = Rotation(lambda: torch.randn(VOCAB, HIDDEN, device="cuda", dtype=torch.bfloat16), VOCAB * HIDDEN * 2)
         x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, VOCAB, device="cuda", dtype=torch.bfloat16)
         cublas[m] = us = time_us(lambda: torch.mm(x, weights().t(), out=out))
