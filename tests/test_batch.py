@@ -313,21 +313,27 @@ def test_a_rewritten_output_keeps_its_symlink_and_mode(tiny_engine, tmp_path):
     assert not list(tmp_path.glob("**/*.rewrite"))
 
 
+def out_of_memory_on(engine, prompt="oops"):
+    """A stand-in for engine.generate that fails as the engine's fault (a 500) for `prompt`'s ids (every prompt when
+    None) and generates the others."""
+    real = engine.generate
+
+    def generate(ids, *args, **kw):
+        if prompt is None or ids == engine.tokenizer.encode(prompt):
+            raise RuntimeError("CUDA out of memory")
+        return real(ids, *args, **kw)
+    return generate
+
+
 @pytest.mark.parametrize("separate", [False, True], ids=["in the output", "in the errors file"])
 def test_rerun_retries_internal_errors_only(tiny_engine, tmp_path, monkeypatch, separate):
     """A request that failed with a 500 (the engine's fault: out of memory, say) is tried again by a rerun and its
     old record taken out, so each custom_id still has one line; a 400 (the request's fault) stays as it is."""
     items = [completion("ok", max_tokens=2), completion("boom", max_tokens=2), completion("bad", max_tokens=0)]
     real = tiny_engine.generate
-
-    def flaky(ids, *args, **kw):
-        if ids == tiny_engine.tokenizer.encode("oops"):
-            raise RuntimeError("CUDA out of memory")
-        return real(ids, *args, **kw)
-
     items[1]["body"]["prompt"] = "oops"
     errors = str(tmp_path / "errors.jsonl") if separate else None
-    monkeypatch.setattr(tiny_engine, "generate", flaky)
+    monkeypatch.setattr(tiny_engine, "generate", out_of_memory_on(tiny_engine))
     _, first, _ = run(tiny_engine, tmp_path, items, errors_path=errors)
     assert first.ok == 1 and first.failed == 2
     monkeypatch.setattr(tiny_engine, "generate", real)
@@ -351,13 +357,7 @@ def test_results_are_reordered_only_where_a_record_went_before_an_earlier_one(ti
     passes = []
     monkeypatch.setattr(batch, "_put_in_input_order", lambda path, numbers: passes.append(path))
     items = [completion("a", max_tokens=2), completion("b", max_tokens=2, prompt="oops"), completion("c", max_tokens=2)]
-
-    def flaky(ids, *args, **kw):
-        if ids == tiny_engine.tokenizer.encode("oops"):
-            raise RuntimeError("CUDA out of memory")
-        return real_generate(ids, *args, **kw)
-
-    monkeypatch.setattr(tiny_engine, "generate", flaky)
+    monkeypatch.setattr(tiny_engine, "generate", out_of_memory_on(tiny_engine))
     run(tiny_engine, tmp_path, items[:2])
     run(tiny_engine, tmp_path, items)                   # c appended after a, b: in order, b's 500 not yet retried
     assert passes == []
@@ -373,11 +373,7 @@ def test_rerun_keeps_internal_errors_of_ids_not_in_its_input(tiny_engine, tmp_pa
     """A 500 is taken out only for a request this run will try again: one whose custom_id is not in the input (the
     output shared with another input file) keeps its record rather than losing it."""
     real = tiny_engine.generate
-
-    def broken(*args, **kw):
-        raise RuntimeError("CUDA out of memory")
-
-    monkeypatch.setattr(tiny_engine, "generate", broken)
+    monkeypatch.setattr(tiny_engine, "generate", out_of_memory_on(tiny_engine, None))
     run(tiny_engine, tmp_path, [completion("first", max_tokens=2)])
     monkeypatch.setattr(tiny_engine, "generate", real)
     records, summary, _ = run(tiny_engine, tmp_path, [completion("second", max_tokens=2)])
@@ -389,15 +385,9 @@ def test_reorder_puts_ids_of_another_input_last_past_blank_lines(tiny_engine, tm
     """Input positions are file line numbers, which blank lines push past the count of requests: a record of an id
     this input does not hold (the output shared with another input file) goes after all of them."""
     real = tiny_engine.generate
-
-    def flaky(ids, *args, **kw):
-        if ids == tiny_engine.tokenizer.encode("oops"):
-            raise RuntimeError("CUDA out of memory")
-        return real(ids, *args, **kw)
-
     run(tiny_engine, tmp_path, [completion("x", max_tokens=2)])
     items = [completion("a", max_tokens=2), "", "", "", completion("b", max_tokens=2, prompt="oops")]
-    monkeypatch.setattr(tiny_engine, "generate", flaky)
+    monkeypatch.setattr(tiny_engine, "generate", out_of_memory_on(tiny_engine))
     run(tiny_engine, tmp_path, items)
     monkeypatch.setattr(tiny_engine, "generate", real)
     records, summary, _ = run(tiny_engine, tmp_path, items)
