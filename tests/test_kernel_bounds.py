@@ -78,7 +78,7 @@ def test_attention_length_past_cache_reads_its_slot_only(nseg):
     big, kc, vc = framed_caches(slots=1)
     q = torch.randn(1, 2, 4, D).bfloat16()
     rows = torch.tensor([0], dtype=torch.int32)
-    parts = alloc_partials(1, 4, 2, 3, D, "cpu")
+    parts = alloc_partials(1, 4, 2, 3, D, DEV)
     want, got = torch.empty_like(q), torch.empty_like(q)
     verify_attention(q, kc, vc, None, None, rows, torch.tensor([ML], dtype=torch.int32), want, parts, nseg,
                      block_n=16)
@@ -120,7 +120,7 @@ def test_attention_slot_past_the_cache_is_padding(past, nseg):
             prefill_attention(q, kc, vc, None, None, rows, lens, out, block_m=16, block_n=16)
         else:
             verify_attention(q, kc, vc, None, None, rows, lens, out,
-                             alloc_partials(2, 4, 2, 3, D, "cpu").fill_(NAN), nseg, block_n=16)
+                             alloc_partials(2, 4, 2, 3, D, DEV).fill_(NAN), nseg, block_n=16)
         assert (out[0] == 0).all()
         return [out, *big]
 
@@ -178,11 +178,11 @@ def test_embedding_ids_outside_the_table():
 
 def test_rejection_of_draft_ids_outside_the_vocabulary():
     B, K, V = 3, 3, 64
-    params = SamplingTensors.of([1.0, 0.0, 1.0], [0] * B, [1.0] * B, "cpu")
+    params = SamplingTensors.of([1.0, 0.0, 1.0], [0] * B, [1.0] * B, DEV)
     drafts = torch.tensor([[V, 1, 2], [-1, 3, 4], [5, 2**30, 6]], dtype=torch.int32)
     seed, off = torch.tensor([7], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
     out, n = rejection_sample(torch.randn(B, K + 1, V), torch.randn(B, K, V), drafts, params, seed, off,
-                              RejectionWorkspace(B, K, V, V, "cpu"))
+                              RejectionWorkspace(B, K, V, V, DEV))
     assert n[0] == 1 and n[1] == 1 and n[2] <= 2                # rejected at the bad id, at the latest
     assert ((out >= 0) & (out < V) | (out == -1)).all()
 
@@ -194,7 +194,7 @@ def test_sample_nan_logits_names_a_token():
     logits[1, ::2] = NAN
     logits[2, -5:] = NAN
     for t in (0.0, 1.0):
-        ids, _ = sample(logits, SamplingTensors.of([t] * 4, [0, 20, 0, 0], [1.0, 1.0, 0.9, 1.0], "cpu"),
+        ids, _ = sample(logits, SamplingTensors.of([t] * 4, [0, 20, 0, 0], [1.0, 1.0, 0.9, 1.0], DEV),
                         torch.tensor([1], dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
         assert ((ids >= 0) & (ids < V)).all(), ids
         if t == 0.0:
