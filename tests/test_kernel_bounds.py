@@ -204,7 +204,7 @@ def test_sample_nan_logits_names_a_token():
 def test_accepted_count_int32_extremes():
     """-2^31 is clamped as 0 is (num_accepted - 1 must not wrap to 2^31 - 1), 2^31 - 1 as T is."""
     B, T, HV, HK, DK = 1, 3, 2, 1, 16
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(DEV).manual_seed(0)
     q, k = torch.randn(B, T, HK, DK, generator=gen), torch.randn(B, T, HK, DK, generator=gen)
     v, a, b = torch.randn(B, T, HV, DK, generator=gen), torch.randn(B, T, HV, generator=gen), torch.randn(B, T, HV)
     A_log, dt_bias = torch.rand(HV), torch.randn(HV)
