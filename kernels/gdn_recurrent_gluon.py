@@ -20,7 +20,9 @@ on 16 lanes along dk 20-32 us: their stores cover 4-8 bytes of a row per thread 
 per warp, so L2 takes 4-8x the written sectors (ncu: 46 and 95 MB for 8 MB of states; full-sector stores need
 16 columns a warp, i.e. 64 / warps-along-dk elements a thread); 4-8 warps along dk (16-32 columns; one exchange
 between the warps per token) 6.9-10.9 us; the slot row and the state tile read before the wait for the
-previous kernel (they come from an earlier step, so they could be): 5.77 / 3.47 against 5.73 / 2.75 us.
+previous kernel (they come from an earlier step, so they could be): 5.77 / 3.47 against 5.73 / 2.75 us; again
+in session 32 with the state pool rotated out of L2 (as in a step), T 5, B 1 / 8 / 64: 5.06-5.26 / 27.2 / 227
+against 5.22 / 25.5 / 198 us, and bench/layer_step's GDN layer at B 1 80.9-81.2 against 81.2-81.6 (noise).
 Session 16, the two reductions on a tensor core (not kept): a warp per 8 columns, u and w of each token one m16n8k16
 product per 16 dk of [k; q; 0 …] (16-bit k, q times powers of 2 that keep them exact in fp16) and the fp16 state
 as stored (exact: every token starts from it), the state's dk order permuted so a thread's B fragment is 32
