@@ -68,15 +68,16 @@ def _check_args(p: argparse.ArgumentParser, args):
         p.error(f"--top-k must be in [0, 2^31), got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         p.error(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.seed is not None and not -2**63 <= args.seed < 2**64:
-        p.error(f"--seed must be in [-2^63, 2^64), got {args.seed}")
+    if args.seed is not None:
+        from engine.sampling import SEED_RANGE, seed_in_range
+        if not seed_in_range(args.seed):
+            p.error(f"--seed must be in {SEED_RANGE}, got {args.seed}")
+    from engine.tokenizer import is_utf8
     for flag, texts in (("--prompt", args.prompt or []), ("--system", [args.system] if args.system else [])):
         for text in texts:
             if flag == "--prompt" and not text:
                 p.error("--prompt must not be empty")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:        # argv bytes that are not UTF-8 arrive as lone surrogates
+            if not is_utf8(text):
                 p.error(f"{flag} is not valid UTF-8")
 
 

@@ -16,8 +16,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from engine.logprobs import MAX_TOP_LOGPROBS, chat_logprobs, completion_logprobs
-from engine.sampling import SamplingParams
+from engine.sampling import SEED_RANGE, SamplingParams, seed_in_range
 from engine.text_stream import TextStream
+from engine.tokenizer import is_utf8
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -185,7 +186,7 @@ def parse_request(engine, record: dict, defaults: RequestDefaults) -> Request:
     temperature = _number(body, "temperature", defaults.temperature, "in [0, 2]", lambda v: 0 <= v <= 2)
     top_p = _number(body, "top_p", defaults.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
     top_k = _number(body, "top_k", defaults.top_k, ">= 0 (or -1 for off)", lambda v: v >= -1, integer=True)
-    seed = _number(body, "seed", defaults.seed, "in [-2^63, 2^64)", lambda v: -2**63 <= v < 2**64, integer=True)
+    seed = _number(body, "seed", defaults.seed, f"in {SEED_RANGE}", seed_in_range, integer=True)
     ignore_eos = body.get("ignore_eos", defaults.ignore_eos)
     if not isinstance(ignore_eos, bool):
         raise RequestError(f"body.ignore_eos must be true or false, got {ignore_eos!r}")
@@ -256,9 +257,7 @@ def _decode_line(number: int, raw: bytes):
         record = json.loads(text)
     except (ValueError, RecursionError) as e:          # JSONDecodeError, an int past Python's digit limit, nesting
         return None, f"line {number}: invalid JSON ({getattr(e, 'msg', None) or e})"
-    try:                # a lone surrogate ("\ud800") parses but could not be written back into the output
-        json.dumps(record, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
+    if not is_utf8(json.dumps(record, ensure_ascii=False)):    # "\ud800" parses, but cannot be written back out
         return None, f"line {number}: a string holds a lone surrogate escape (not valid UTF-8)"
     return record, None
 

@@ -3,6 +3,7 @@ one-shot CLI. Input and output streams are parameters so tests can drive a sessi
 import sys
 
 from engine.text_stream import TextStream
+from engine.tokenizer import is_utf8
 
 HELP = "/reset or /clear forgets the conversation, /exit quits; Ctrl-C stops an answer, Ctrl-D quits"
 
@@ -91,9 +92,7 @@ def run_repl(engine, sampling, *, max_new_tokens: int, enable_thinking: bool = T
         text = line.strip()
         if not text:
             continue
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
+        if not is_utf8(text):
             stdout.write("error: that line is not valid UTF-8\n")
             continue
         if text.startswith("/"):

@@ -10,6 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
+SEED_RANGE = "[-2^63, 2^64)"            # the seeds torch.Generator.manual_seed takes
+
+
+def seed_in_range(seed: int) -> bool:
+    return -2**63 <= seed < 2**64
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -29,6 +35,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not seed_in_range(self.seed):
+            raise ValueError(f"seed must be in {SEED_RANGE}, got {self.seed}")
         return self
 
 

@@ -156,6 +156,17 @@ def _byte_level_alphabet() -> dict[str, int]:
     return {**{chr(b): b for b in printable}, **{chr(256 + n): b for n, b in enumerate(others)}}
 
 
+def is_utf8(text: str) -> bool:
+    """Whether text encodes as UTF-8: a str can hold lone surrogates (argv and stdin bytes that are not UTF-8 arrive
+    as such under surrogateescape; JSON's "\\ud800" parses to one), which neither the tokenizer nor an output file
+    takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class Tokenizer:
     """A checkpoint's tokenizer.json plus its chat template; `from_dir` is the usual way in."""
 

@@ -3,6 +3,7 @@ output (also when drafts are right for a random number of positions, so every ro
 speculative sampling emits tokens from exactly the target distribution (statistical tests)."""
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -113,6 +114,27 @@ def test_logprobs_are_the_models_with_and_without_drafting(setup, monkeypatch):
     assert gen.generate(prompt, 4, GREEDY).logprobs is None
     with pytest.raises(ValueError, match="logprobs must be in"):
         gen.generate(prompt, 4, GREEDY, logprobs=21)
+
+
+def test_greedy_draft_reads_nan_as_minus_inf(setup, monkeypatch):
+    """A NaN draft logit is not the greedy draft (torch's argmax would pick it, for verify to reject): drafts follow
+    the target's argmax rule (sampling.next_token)."""
+    _, gen = setup
+    logits = torch.zeros(1, 10)
+    logits[0, 3], logits[0, 7] = float("nan"), 1.0
+    monkeypatch.setattr(gen.model, "logits", lambda hidden: logits)
+    drafts, dists = gen._draft(torch.zeros(1, 1, 4), SimpleNamespace(mtp=SimpleNamespace(length=0)), 1, GREEDY, None)
+    assert drafts.tolist() == [[7]] and dists is None
+
+
+def test_seed_range():
+    """Seeds are what torch.Generator.manual_seed takes: [-2^63, 2^64)."""
+    for seed in (-2**63, 0, 2**64 - 1):
+        SamplingParams(seed=seed).validate()
+        torch.Generator().manual_seed(seed)
+    for seed in (-2**63 - 1, 2**64):
+        with pytest.raises(ValueError, match="seed must be in"):
+            SamplingParams(seed=seed).validate()
 
 
 def test_logprobs_of_non_finite_logits_are_finite():
