@@ -23,6 +23,12 @@ between the warps per token) 6.9-10.9 us; the slot row and the state tile read b
 previous kernel (they come from an earlier step, so they could be): 5.77 / 3.47 against 5.73 / 2.75 us; again
 in session 32 with the state pool rotated out of L2 (as in a step), T 5, B 1 / 8 / 64: 5.06-5.26 / 27.2 / 227
 against 5.22 / 25.5 / 198 us, and bench/layer_step's GDN layer at B 1 80.9-81.2 against 81.2-81.6 (noise).
+Where B 1's time goes (session 32 probes, H200, fp16 dk fastest, state out of L2, us, two runs): T 1 2.82-2.86, T 5
+5.12-5.18 — a fixed ~2.8 (an empty launch of this grid takes 1.06; then the slot row's and the state's latency) and
+~0.58 a token; with only the last token's state stored (wrong, timing only) 4.92-5.06 (B 8: 20.7-20.9 against 25.1,
+where the stores do bound it), without the re-rounding to the stored state 4.94-5.00, with streaming store hints
+(.cs, evict_first) 5.09-5.12. So at one sequence the four later tokens' chain alone (~2.3 us) comes near 0.70 of
+the state bytes' time (3.14 us): out of reach for a token-serial update, which width invariance needs.
 Session 16, the two reductions on a tensor core (not kept): a warp per 8 columns, u and w of each token one m16n8k16
 product per 16 dk of [k; q; 0 …] (16-bit k, q times powers of 2 that keep them exact in fp16) and the fp16 state
 as stored (exact: every token starts from it), the state's dk order permuted so a thread's B fragment is 32
