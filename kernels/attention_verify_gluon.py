@@ -58,7 +58,12 @@ turn (fewer partials at short contexts: B1 1.5k 12.1-17.6 against 10.3, 16k 19.3
 wgmma straight from the ring (q as e4m3 hi + lo, no K conversion: 16 fewer instructions a tile): no faster, and its
 first outputs were wrong; the V conversions overlapped with the QK wgmma: no change; rings of 3-4 stages (1 CTA per
 SM): 720 us at B64 16k; 3 stages at 2 CTAs per SM (P^T in the K stage just read: 115,200 bytes a CTA), two tiles in
-flight a program: 4-7% slower at every shape (B64 16k 662 against 626-655, B8 16k 89.5 against 85.5).
+flight a program: 4-7% slower at every shape (B64 16k 662 against 626-655, B8 16k 89.5 against 85.5); (session 32)
+a lazy rescale — a row keeps its running max until a tile's exceeds it by 2^8, and the 80 multiplies of acc and the
+column sums are skipped when no row's max moved (97 instructions branched over; the loop 570 a tile then, against
+612): correct, bitwise width-invariant, and no faster (two runs, us, against this: B1 1.5k / 16k / 64k 10.37-10.39 /
+19.49-19.58 / 45.79-46.18 against 9.97-10.05 / 19.29-19.31 / 45.51-45.95, B8 16k 81.7-82.1 against 81.6-82.1, B64
+1.5k 63.3-63.4 against 62.9-63.0): the loop's count of instructions is not what bounds it.
 KV: uint8 e4m3 codes, V stored keys-fastest (kernels/kv_write.kv_cache), cache length a multiple of 16; head dim
 128 or 256; up to 64 packed rows (at 64, q_len 8 with G 6, registers spill: correct, slower). Reference:
 kernels/attention_verify.attention_ref."""
