@@ -63,7 +63,11 @@ a lazy rescale — a row keeps its running max until a tile's exceeds it by 2^8,
 column sums are skipped when no row's max moved (97 instructions branched over; the loop 570 a tile then, against
 612): correct, bitwise width-invariant, and no faster (two runs, us, against this: B1 1.5k / 16k / 64k 10.37-10.39 /
 19.49-19.58 / 45.79-46.18 against 9.97-10.05 / 19.29-19.31 / 45.51-45.95, B8 16k 81.7-82.1 against 81.6-82.1, B64
-1.5k 63.3-63.4 against 62.9-63.0): the loop's count of instructions is not what bounds it.
+1.5k 63.3-63.4 against 62.9-63.0): the loop's count of instructions is not what bounds it. Nor is V's layout
+at 16k (session 32, a Triton probe that only reads the bytes, a 64-key tile a program, B1, 4 kv heads, us): K and
+V 10.35 with V keys-fastest as stored (a tile's 256 rows of 64 bytes, max_len apart) against 10.18 with each V
+tile's 16 KB contiguous; at 64k 35.4 against 32.3 (V alone 20.1 against 17.3) — a tiled V layout is worth ~9% of
+the bytes' time there only.
 KV: uint8 e4m3 codes, V stored keys-fastest (kernels/kv_write.kv_cache), cache length a multiple of 16; head dim
 128 or 256; up to 64 packed rows (at 64, q_len 8 with G 6, registers spill: correct, slower). Reference:
 kernels/attention_verify.attention_ref."""
