@@ -67,7 +67,13 @@ column sums are skipped when no row's max moved (97 instructions branched over; 
 at 16k (session 32, a Triton probe that only reads the bytes, a 64-key tile a program, B1, 4 kv heads, us): K and
 V 10.35 with V keys-fastest as stored (a tile's 256 rows of 64 bytes, max_len apart) against 10.18 with each V
 tile's 16 KB contiguous; at 64k 35.4 against 32.3 (V alone 20.1 against 17.3) — a tiled V layout is worth ~9% of
-the bytes' time there only.
+the bytes' time there only. What does bound B1 16k (same probes): its programs' shape. Reading the same bytes as
+this kernel walks them — 256 programs, each 4 tiles in turn, one in flight — takes 17.2-17.3 us with no
+arithmetic at all (this kernel's attend ~17.5 before its combine); one tile a program (1,024 programs, ~8
+resident a SM: 4x the bytes in flight) 10.1-11.2; a register prefetch one tile ahead (8 warps) 15.7; each
+program's later tiles requested into L2 up front, by prefetch.global.L2 per 128-byte line (V tiled or not) or by
+cp.async.bulk.prefetch.L2, slower: 19.0 / 23.8. So B1 needs more bytes in flight per SM than 2 CTAs of this size
+(246 registers, two 32 KB stages each) can hold — more resident programs, not fewer instructions or prefetches.
 KV: uint8 e4m3 codes, V stored keys-fastest (kernels/kv_write.kv_cache), cache length a multiple of 16; head dim
 128 or 256; up to 64 packed rows (at 64, q_len 8 with G 6, registers spill: correct, slower). Reference:
 kernels/attention_verify.attention_ref."""
