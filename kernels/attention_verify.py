@@ -66,7 +66,7 @@ import triton.language as tl
 from kernels import attention_verify_gluon, device as gpu
 from kernels.device import load_slot, pdl_wait
 from kernels.fp8 import E4M3_BITS_UNIT, decode_e4m3_ref, e4m3_decode
-from kernels.kv_write import cache_args
+from kernels.kv_write import cache_args, load_kv_len
 
 KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE = 0, 1, 2
 _NEG = tl.constexpr(-1.0e30)  # "no key seen yet": finite, so fully masked rows give 2^(-inf - NEG) = 0, never NaN
@@ -104,7 +104,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     slot = load_slot(rows_ptr + b, num_slots)
     # padding rows (a slot < 0 or past the cache) attend to nothing and output 0; a length past the cache (the
     # caller's error) reads no other slot
-    kv_len = tl.where(slot >= 0, tl.minimum(tl.load(lens_ptr + b), max_len), 0)
+    kv_len = load_kv_len(lens_ptr + b, slot, max_len)
     start = seg * BLOCK_N
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     tok = offs_m // G
@@ -189,7 +189,7 @@ def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, gate_ptr, nseg, Hq, n
     if not EARLY:
         pdl_wait(PDL)
     slot = load_slot(rows_ptr + b, num_slots)
-    kv_len = tl.where(slot >= 0, tl.minimum(tl.load(lens_ptr + b), max_len), 0)      # as the attention's
+    kv_len = load_kv_len(lens_ptr + b, slot, max_len)
     n_used = tl.minimum(tl.cdiv(kv_len, BLOCK_N), nseg)       # segments holding at least one tile
     offs_s = tl.arange(0, SEG_P2)
     s_ok = offs_s < n_used

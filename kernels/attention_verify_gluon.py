@@ -87,7 +87,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from kernels import device as gpu
 from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
-from kernels.kv_write import cache_args
+from kernels.kv_write import cache_args, load_kv_len
 
 BLOCK_N = gl.constexpr(64)     # keys a tile: one wgmma M
 _NEG = gl.constexpr(-1.0e30)
@@ -212,7 +212,7 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
     slot = gpu.load_slot(rows_ptr + b, num_slots)
     # padding rows (a slot < 0 or past the cache) attend to nothing and output 0; a length past the cache (the
     # caller's error) reads no other slot
-    kv_len = gl.where(slot >= 0, gl.minimum(gl.load(lens_ptr + b), max_len), 0)
+    kv_len = load_kv_len(lens_ptr + b, slot, max_len)
     if not EARLY:   # q requested with the slot and length, not after them
         q = _load_q(q_ptr + b * s_qb, kvh, q_len, s_qt, s_qh, G, D, R, q_l)
     score_scale = qk_scale * gl.load(ks_ptr + kvh)

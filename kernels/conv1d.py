@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels import device as gpu, fixed_sum
-from kernels.device import check_dense, load_slot, pdl_args, pdl_wait
+from kernels.device import check_dense, load_accepted, load_slot, pdl_args, pdl_wait
 
 
 def causal_conv1d_reference(x, weight, conv_state, conv_slots, num_accepted=None):
@@ -57,7 +57,7 @@ def _causal_conv1d_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, num_acc_ptr, y_ptr
     slot = load_slot(slots_ptr + bi, num_slots)
     valid = slot >= 0
     if HAS_NA:
-        off = tl.minimum(tl.maximum(tl.load(num_acc_ptr + bi), 1) - 1, M - (K - 1))
+        off = load_accepted(num_acc_ptr + bi, M - (K - 1))
     else:
         off = M - (K - 1)
     xb = x_ptr + bi * sx_b

@@ -12,7 +12,8 @@ before it reads anything an earlier kernel wrote and before it writes anything; 
 previous kernel has completed, which (since that one waited too) means every earlier kernel has. Captured into
 a CUDA graph the overlap holds (H200, bench.harness.time_us: a launch spinning 3 µs before its wait and 3 µs after
 it, back to back, 4.0 µs a launch against 7.1 without PDL).
-`load_slot` reads a per-sequence slot id of a KV cache or state pool for every kernel that indexes one."""
+`load_slot` reads a per-sequence slot id of a KV cache or state pool for every kernel that indexes one,
+`load_accepted` a sequence's accepted-draft count as the index of its last accepted token."""
 import functools
 import os
 
@@ -89,6 +90,14 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def load_accepted(ptr, last):
+    """The index of a sequence's last accepted token, num_accepted − 1 from the count at ptr, clamped to [0, last]:
+    a count of 0 or garbage never indexes out of bounds (−2^31 included: the clamp comes before the subtraction,
+    which cannot wrap then)."""
+    return tl.minimum(tl.maximum(tl.load(ptr), 1) - 1, last)
 
 
 @triton.jit

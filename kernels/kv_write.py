@@ -43,6 +43,14 @@ def store_token(k, v, offs, mask, b, t, n_new, h, kc_ptr, vc_ptr, ks_ptr, vs_ptr
 
 
 @triton.jit
+def load_kv_len(ptr, slot, max_len):
+    """A batch row's cached length (kv_lens at ptr) as every reader of the cache takes it — the attention kernels
+    and the combine must agree, or the combine reads partials no program wrote: 0 for a padding row (slot < 0:
+    device.load_slot), at most max_len (a longer one, the caller's error, reads no other slot)."""
+    return tl.where(slot >= 0, tl.minimum(tl.load(ptr), max_len), 0)
+
+
+@triton.jit
 def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, n_new,
                      s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_cs, s_ch, s_cn, s_vcs, s_vch, s_vcn, s_vcd, num_slots,
                      max_len, D: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
