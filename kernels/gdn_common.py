@@ -62,8 +62,8 @@ def gdn_gates(a, b, A_log, dt_bias):
 def slot_row(num_acc_ptr, slots_ptr, bi, ss_b, num_slots, T: tl.constexpr):
     """Sequence bi's T state slots (a tuple: token t's state goes to slots[t]; -1, padding, for a slot id past the
     pool's num_slots: device.load_slot) and the slot of its starting state, slots[accepted - 1] with the count
-    clamped to [1, T] (device.load_accepted: a count of 0 or garbage never indexes out of bounds). The start is selected from
-    the row rather than loaded through the count: one dependent load less before the state load."""
+    clamped to [1, T] (device.load_accepted: a count of 0 or garbage never indexes out of bounds). The start is
+    selected from the row rather than loaded through the count: one dependent load less before the state load."""
     col = load_accepted(num_acc_ptr + bi, T - 1)
     slots = ()
     for t in tl.static_range(T):
