@@ -27,6 +27,8 @@ def on_the_kernels_device():
     too; CPU tensors would reach the compiled kernels), the interpreter here."""
     with torch.device(DEV):
         yield
+
+
 HKV, D, ML = 2, 16, 32                  # kv heads, head dim, cache positions per slot
 NS = 3                                  # slots of a framed cache or pool
 PAST = pytest.mark.parametrize("past", [NS, 2**30], ids=["slot == slots", "slot 2^30"])
