@@ -48,23 +48,22 @@ def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None, wgmma_params=None, 
     if a8:
         x = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
         s_a = torch.rand(m, device="cuda")
-        if ws_cfg:
-            x = a8_permute(x)
-            return time_us(lambda: wgmma_ws.int4_wgmma_ws(x, weights(), out, ws_cfg, x_scale=s_a))
-        return time_us(lambda: w4a8_linear(x, s_a, weights(), out=out, cfg=cfg))
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    if gemv_params is not None:
-        return time_us(lambda: gemv.int4_gemv(x, weights(), out, **gemv_params))
-    if wgmma_params is not None:
-        return time_us(lambda: wgmma.int4_wgmma(x, weights(), out, **wgmma_params))
-    return time_us(lambda: int4_linear(x, weights(), out=out, cfg=cfg))
+        x = a8_permute(x) if ws_cfg else x
+        call = ((lambda: wgmma_ws.int4_wgmma_ws(x, weights(), out, ws_cfg, x_scale=s_a)) if ws_cfg else
+                (lambda: w4a8_linear(x, s_a, weights(), out=out, cfg=cfg)))
+    else:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        call = ((lambda: gemv.int4_gemv(x, weights(), out, **gemv_params)) if gemv_params is not None else
+                (lambda: wgmma.int4_wgmma(x, weights(), out, **wgmma_params)) if wgmma_params is not None else
+                (lambda: int4_linear(x, weights(), out=out, cfg=cfg)))
+    return time_us(call, reps=weights.reps)
 
 
 def time_cublas(m, n, k):
     weights = Rotation(lambda: torch.randn(n, k, device="cuda", dtype=torch.bfloat16), n * k * 2)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    return time_us(lambda: torch.mm(x, weights().t(), out=out))
+    return time_us(lambda: torch.mm(x, weights().t(), out=out), reps=weights.reps)
 
 
 def time_torch_int4pack(m, n, k):
@@ -74,7 +73,7 @@ def time_torch_int4pack(m, n, k):
                 torch.rand(k // 128, n, 2, device="cuda", dtype=torch.bfloat16))
     weights = Rotation(make, n * k // 2 + n * (k // 128) * 4)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    return time_us(lambda: (lambda w, sz: torch._weight_int4pack_mm(x, w, 128, sz))(*weights()))
+    return time_us(lambda: (lambda w, sz: torch._weight_int4pack_mm(x, w, 128, sz))(*weights()), reps=weights.reps)
 
 
 def run(peak_Bps: float) -> list:
