@@ -11,8 +11,8 @@ Program (b·n_tiles + tile, kvh, seg) covers the key tiles seg, seg + nseg, seg 
 absolute positions: which tiles a segment holds, and in which order it adds them, does not depend on kv_len, so a
 token's row gets the same partials — keys past its causal limit add exact zeros — whether it is decoded alone or
 inside a verify step of more tokens; with the same BLOCK_M the output is bitwise the same), and writes
-unnormalised acc[D], running max m (log2 units) and sum l to partials[b, h, i, seg] (fp32, D + 2); the combine
-kernel merges them: O = Σ 2^(m_s−m*)·acc_s / Σ 2^(m_s−m*)·l_s. With one segment the kernel
+unnormalised acc[D], running max m (log2 units) and sum l to partials[b, h, i, seg] (fp32 rows of D + PART_EXTRA);
+the combine kernel merges them: O = Σ 2^(m_s−m*)·acc_s / Σ 2^(m_s−m*)·l_s. With one segment the kernel
 normalises and writes the output itself (no partials, no combine launch).
 KV formats: bf16, or e4m3 codes decoded with integer bit operations (any GPU; kernels/fp8.py) or with the
 native conversion (sm_89+). K and V scales are applied to fp32 scores and to acc, never to the 8-bit tiles.
@@ -70,6 +70,13 @@ from kernels.kv_write import cache_args, load_kv_len
 
 KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE = 0, 1, 2
 _NEG = tl.constexpr(-1.0e30)  # "no key seen yet": finite, so fully masked rows give 2^(-inf - NEG) = 0, never NaN
+# fp32 words of a partial's row after its acc[D]: m, l and padding that starts every row on a 32-byte sector, so the
+# attend's stores of acc fill whole sectors (with D + 2 a row straddled them). H200, Gluon kernel + combine, caches
+# out of L2, us against D + 2 (same run): B1 1.5k / 16k / 64k 8.75 / 18.1 / 46.4 against 10.1 / 19.5 / 46.8, B2 16k
+# 29.0 / 30.0, B8 1.5k / 16k 15.8 / 84.5 against 17.4 / 86.0. Rows of D + 16 (strides divisible by 16 elements,
+# which Triton specialises on: the combine's loads then 16-byte vectors) measured 8.5 / 19.8 / 47.7, 28.2, 17.1 /
+# 84.7; the acc stored in 16-byte runs along D (a layout conversion through shared memory first) slower still.
+PART_EXTRA = 8
 
 
 @triton.jit
@@ -94,8 +101,8 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
                    PDL: tl.constexpr):
     # q, out [B, q_len, Hq, D] (D contiguous); k cache [slots, Hkv, max_len, D] (D contiguous), v cache of the same
     # shape with its own strides s_v* (kernels/kv_write.kv_cache: keys contiguous); k/v scales [Hkv] fp32;
-    # cache_rows, kv_lens [B] int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 (SPLIT only); gate like out
-    # (GATED: out = attention · gate). Grid (B * n_tiles, Hkv, nseg).
+    # cache_rows, kv_lens [B] int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + PART_EXTRA] fp32 (SPLIT only); gate
+    # like out (GATED: out = attention · gate). Grid (B * n_tiles, Hkv, nseg).
     b = tl.program_id(0) // n_tiles
     tile = tl.program_id(0) % n_tiles
     kvh = tl.program_id(1)
@@ -178,8 +185,8 @@ def _combine_kernel(part_ptr, rows_ptr, lens_ptr, out_ptr, gate_ptr, nseg, Hq, n
                     s_pb, s_ph, s_pt, s_ps, s_ob, s_ot, s_oh, s_gb, s_gt, s_gh,
                     D: tl.constexpr, BLOCK_N: tl.constexpr, SEG_P2: tl.constexpr, BLOCK_D: tl.constexpr,
                     GATED: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
-    # partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 -> out [B, q_len, Hq, D] (GATED: times gate, out's shape).
-    # Grid (B, q_len * Hq, D // BLOCK_D): one (row, token, head) and a BLOCK_D slice of the head dim. EARLY: the
+    # partials [B_max, Hq, Q_MAX, NSEG_max, D + PART_EXTRA] fp32 -> out [B, q_len, Hq, D] (GATED: times gate, out's
+    # shape). Grid (B, q_len * Hq, D // BLOCK_D): one (row, token, head) and a BLOCK_D slice of the head dim. EARLY: the
     # slot and length are the step's inputs (attend's `fresh`), read before the wait, and only the segments used
     # are requested; else all nseg are, with the length (unused ones hold stale values, masked after arrival).
     b = tl.program_id(0)
@@ -223,9 +230,10 @@ def kv_format(k_cache: torch.Tensor, native=None) -> int:
 
 
 def alloc_partials(batch_max: int, num_q_heads: int, q_max: int, nseg_max: int, head_dim: int, device):
-    """Split-KV partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32. Allocate once, before any graph capture:
-    captured graphs hold its address."""
-    return torch.empty(batch_max, num_q_heads, q_max, nseg_max, head_dim + 2, dtype=torch.float32, device=device)
+    """Split-KV partials [B_max, Hq, Q_MAX, NSEG_max, D + PART_EXTRA] fp32. Allocate once, before any graph
+    capture: captured graphs hold its address."""
+    return torch.empty(batch_max, num_q_heads, q_max, nseg_max, head_dim + PART_EXTRA, dtype=torch.float32,
+                       device=device)
 
 
 def choose_nseg(batch: int, num_kv_heads: int, num_sms: int, nseg_max: int = 64) -> int:
@@ -293,7 +301,7 @@ def attend(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, part
     if split:
         assert n_tiles == 1 and partials is not None, "split-KV is for single-tile (verify) launches"
         assert partials.shape[0] >= B and partials.shape[1] == hq and partials.shape[2] >= q_len
-        assert partials.shape[3] >= nseg and partials.shape[4] == D + 2 and partials.stride(-1) == 1
+        assert partials.shape[3] >= nseg and partials.shape[4] == D + PART_EXTRA and partials.stride(-1) == 1
     part = partials if split else out
     s_part = partials.stride()[:4] if split else (0, 0, 0, 0)
     gated = gate is not None

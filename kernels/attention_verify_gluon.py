@@ -184,9 +184,10 @@ def _attend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, lens_ptr, ou
                    PF: gl.constexpr, EARLY: gl.constexpr):
     # q, out [B, q_len, Hq, D] (D contiguous); k cache [slots, Hkv, max_len, D] uint8 (D contiguous), v cache of
     # the same shape, keys contiguous (s_vd its head-dim stride); k/v scales [Hkv] fp32; cache_rows, kv_lens [B]
-    # int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + 2] fp32 (SPLIT); gate like out (GATED). Grid (B, Hkv, nseg):
-    # program (b, kvh, seg) attends the R packed rows (row r: token r // G of head kvh·G + r % G) over key tiles
-    # seg, seg + nseg, … (as the Triton kernel: the same tiles, in the same order).
+    # int32; partials [B_max, Hq, Q_MAX, NSEG_max, D + PART_EXTRA] fp32 (SPLIT: kernels/attention_verify.py); gate
+    # like out (GATED). Grid (B, Hkv, nseg): program (b, kvh, seg) attends the R packed rows (row r: token r // G
+    # of head kvh·G + r % G) over key tiles seg, seg + nseg, … (as the Triton kernel: the same tiles, in the same
+    # order).
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, 16])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
