@@ -7,8 +7,9 @@ copies that L2 cannot hold, every copy in the timed graph (bench.harness.Rotatio
 floor rows; the activations (q, k, v, a, b, x: the previous kernel's output) and the prefill's state do not.
 `python -m bench.kernels_gdn --sweep` times launch configurations instead (verify: scheme, V-tile, warps;
 prefill: V-tile, warps). Beside the B = 1 verify rows, the floor of the same harness: a launch that only reads a
-state once and writes it T times (bench/floors.py: the verify's state traffic, no kernel of it beats that), a copy
-moving the verify's bytes (a memcpy node and a copy kernel) and an empty Triton kernel."""
+state once and writes it T times (bench/floors.py: the verify's state traffic, no kernel of it beats that), the
+same with its writes waiting for inputs read after the launch before (as the verify's do: its tighter floor), a
+copy moving the verify's bytes (a memcpy node and a copy kernel) and an empty Triton kernel."""
 import itertools
 
 import torch
@@ -62,12 +63,18 @@ def _empty_kernel():
     pass
 
 
+FLOOR = "floor: read a state, write it T times"
+FLOOR_INPUTS = FLOOR + ", after inputs read past the wait"
+
+
 def floor_rows(nbytes, state_bytes, grid, peak, out):
-    """What the harness measures for the verify's state traffic (one state read, T written), for moving `nbytes`
-    (half read, half written) and for an empty launch."""
-    out.append(row("floor: read a state, write it T times", f"state {state_bytes} B, T {T}",
-                   read_write_floor_us(state_bytes, T), (1 + T) * state_bytes, 0, peak))
-    print(out[-1], flush=True)
+    """What the harness measures for the verify's state traffic (one state read, T written; and so with the writes
+    depending on inputs read after the wait, as every state the verify writes depends on its q, k, v, a, b), for
+    moving `nbytes` (half read, half written) and for an empty launch."""
+    for name, inputs in ((FLOOR, False), (FLOOR_INPUTS, True)):
+        out.append(row(name, f"state {state_bytes} B, T {T}", read_write_floor_us(state_bytes, T, inputs),
+                       (1 + T) * state_bytes, 0, peak))
+        print(out[-1], flush=True)
     pairs = Rotation(lambda: (torch.empty(nbytes // 4, device=DEV, dtype=torch.float16).normal_(),
                               torch.empty(nbytes // 4, device=DEV, dtype=torch.float16)), nbytes)
     timed_row("floor: copy_ (memcpy node)", "same bytes", lambda: (lambda s, d: d.copy_(s))(*pairs()), nbytes, 0,

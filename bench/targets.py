@@ -30,7 +30,7 @@ ROW_TARGETS = [
      ("attn_verify[read floor]", "B1 ctx16384 q5"), KV_BYTES_16K),
     ("verify attention B1 q5 1.5k fp8, us", ATTENTION, "B1 ctx1536 q5", "us", "< 15", None, None),
     ("GDN verify B1 T5 fp16 state (state bytes)", "gdn_verify", "B1 T5 state float16", "frac_peak", ">= 0.70",
-     ("floor: read a state, write it T times", None), GDN_STATE_BYTES),
+     ("floor: read a state, write it T times, after inputs read past the wait", None), GDN_STATE_BYTES),
     ("sampler, one row top-k 20 / top-p 0.95, us", "sample qwen T1 k20 p.95", "1x248320", "us", "< 20", None, None),
     ("sampler, five rows + rejection, us", "5 rows + rejection", "B1 k4 V248320", "us", "< 40", None, None),
 ]

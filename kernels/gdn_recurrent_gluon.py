@@ -28,7 +28,11 @@ Where B 1's time goes (session 32 probes, H200, fp16 dk fastest, state out of L2
 ~0.58 a token; with only the last token's state stored (wrong, timing only) 4.92-5.06 (B 8: 20.7-20.9 against 25.1,
 where the stores do bound it), without the re-rounding to the stored state 4.94-5.00, with streaming store hints
 (.cs, evict_first) 5.09-5.12. So at one sequence the four later tokens' chain alone (~2.3 us) comes near 0.70 of
-the state bytes' time (3.14 us): out of reach for a token-serial update, which width invariance needs.
+the state bytes' time (3.14 us): out of reach for a token-serial update, which width invariance needs. Nor can any
+other form reach it (session 33, bench/floors.py): a launch that reads one state before its wait and writes it five
+times, each write also depending on 16 KB of inputs read after the wait — as every state this kernel writes depends
+on its q, k, v, a, b, which the launch before writes — takes 3.38-3.41 us, 0.64-0.65 of the copy peak over the
+state bytes (without the inputs 3.00-3.17).
 Session 16, the two reductions on a tensor core (not kept): a warp per 8 columns, u and w of each token one m16n8k16
 product per 16 dk of [k; q; 0 …] (16-bit k, q times powers of 2 that keep them exact in fp16) and the fp16 state
 as stored (exact: every token starts from it), the state's dk order permuted so a thread's B fragment is 32
