@@ -90,3 +90,16 @@ def test_write_table(tmp_path):
     md = targets.write(rows_with(4.2, 20.0), {"gpu": "test", "peak_copy_GBps": 4000}, "test", str(tmp_path))
     assert (tmp_path / "targets-test.md").read_text() == md and "| met |" in md and "| missed |" in md
     assert "Rows read: int4 GEMV" in md and f"`{targets.ATTENTION}`" in md and "{" not in md
+
+
+def test_fastest_pass_row_by_row():
+    """bench.kernels keeps each row from its fastest pass; an error row stays, and a pass whose rows differ is left
+    out."""
+    from bench.kernels import fastest
+    a = [row("k", "s1", 10.0, 1e6, 0, PEAK), {"kernel": "k", "shape": "s2", "error": "boom"},
+         row("k", "s3", 5, 1, 0, PEAK)]
+    b = [row("k", "s1", 9.0, 1e6, 0, PEAK), row("k", "s2", 7.0, 1e6, 0, PEAK), row("k", "s3", 6, 1, 0, PEAK)]
+    other = [row("k", "s1", 1.0, 1e6, 0, PEAK)]
+    best = fastest([a, b, other])
+    assert [r.get("us") for r in best] == [9.0, 7.0, 5]
+    assert fastest([a])[1]["error"] == "boom"
