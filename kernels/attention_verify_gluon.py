@@ -74,6 +74,13 @@ resident a SM: 4x the bytes in flight) 10.1-11.2; a register prefetch one tile a
 program's later tiles requested into L2 up front, by prefetch.global.L2 per 128-byte line (V tiled or not) or by
 cp.async.bulk.prefetch.L2, slower: 19.0 / 23.8. So B1 needs more bytes in flight per SM than 2 CTAs of this size
 (246 registers, two 32 KB stages each) can hold — more resident programs, not fewer instructions or prefetches.
+Not deeper rings on one program a SM (session 33, partials of D + 2 then; B1, 33 segments — 132 programs, 8 tiles
+each — against 2 stages at 64, us, same run): 3 / 4 / 5 / 6 stages 1.5k 8.5 / 8.6 / 8.5 / 8.7 against 10.2, 16k
+19.2 / 20.4 / 21.3 / 22.4 against 19.4, 64k 51.4 / 52.6 / 53.5 / 54.7 against 47.0 (2 stages at 33 segments: 10.1
+/ 23.1 / 66.4; B8 16k, 4 segments, 4 / 6 stages 99.0 / 101.1 against 85.2 at 8): one program's chain of tiles,
+~1.3 us a tile, then bounds it. And what the partials' stores cost (same session, acc left unstored, timing
+only): B1 1.5k / 16k / 64k 7.1 / 17.3 / 44.6 against 10.1 / 19.3 / 46.9, B8 16k 79.3 against 84.7 — hence
+kernels/attention_verify.PART_EXTRA.
 KV: uint8 e4m3 codes, V stored keys-fastest (kernels/kv_write.kv_cache), cache length a multiple of 16; head dim
 128 or 256; up to 64 packed rows (at 64, q_len 8 with G 6, registers spill: correct, slower). Reference:
 kernels/attention_verify.attention_ref."""
