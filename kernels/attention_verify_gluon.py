@@ -47,7 +47,7 @@ bitwise width-invariant, graph replays with changing lengths), and slower: H200,
 10.8 at 1.5k, 24.3 / 19.8 at 16k. By part (4k / 16k): attention and barrier without the combine 11.8 / 17.5
 (against 13.3 / 19.5 with the combine launch: the barrier costs little), the combine without the barrier 15.6 /
 23.3: the in-grid combine itself took 4-6 us (the loop's SASS is the same, 612-626 instructions a tile; its partial
-loads were 96 4-byte L2 loads a thread, LDG.E.STRONG.GPU: rows of D + 2 floats are not 16-byte aligned); the
+loads were 96 4-byte L2 loads a thread, LDG.E.STRONG.GPU: rows of D + 2 floats, as then, are not 16-byte aligned); the
 cooperative attribute costs ~0.7 us (16.9 against 17.7 at 4k, the barrier then unguarded); how the spin polls
 (atomic, ld.acquire, with 100-400 ns sleeps) changed nothing. At best (a combine of ~1 us) it would save ~1 us at
 B1, less the cooperative launch's ~0.7.
