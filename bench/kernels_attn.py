@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from bench.floors import read_floor_us
 from bench.harness import Rotation, measure_bandwidth, row, suite_main, time_us
+from bench.targets import ATTENTION_FLOOR
 from kernels import attention_verify_gluon
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
@@ -74,7 +75,7 @@ def verify_rows(peak, sms):
     for B, ctx in itertools.product(BATCHES, CONTEXTS):
         nseg = choose_nseg(B, HKV, sms)
         nbytes = verify_bytes(B, ctx, 1)                        # the bytes the kernel's rows are counted with
-        rows_out.append(row("attn_verify[read floor]", f"B{B} ctx{ctx} q{Q_LEN}", read_floor_us(nbytes), nbytes, 0,
+        rows_out.append(row(ATTENTION_FLOOR, f"B{B} ctx{ctx} q{Q_LEN}", read_floor_us(nbytes), nbytes, 0,
                             peak))
         case = make_case(B, ctx, fp8=True)
         us = time_verify(case, nseg, partials)                  # V stored like K (D fastest)

@@ -17,6 +17,7 @@ import triton
 
 from bench.floors import read_write_floor_us
 from bench.harness import Rotation, row, suite_main, time_us
+from bench.targets import GDN_FLOOR, GDN_FLOOR_INPUTS
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import chunk_prepare, chunk_states, gdn_prefill, prefill_workspace
 from kernels.gdn_common import state_pool
@@ -63,15 +64,11 @@ def _empty_kernel():
     pass
 
 
-FLOOR = "floor: read a state, write it T times"
-FLOOR_INPUTS = FLOOR + ", after inputs read past the wait"
-
-
 def floor_rows(nbytes, state_bytes, grid, peak, out):
     """What the harness measures for the verify's state traffic (one state read, T written; and so with the writes
     depending on inputs read after the wait, as every state the verify writes depends on its q, k, v, a, b), for
     moving `nbytes` (half read, half written) and for an empty launch."""
-    for name, inputs in ((FLOOR, False), (FLOOR_INPUTS, True)):
+    for name, inputs in ((GDN_FLOOR, False), (GDN_FLOOR_INPUTS, True)):
         out.append(row(name, f"state {state_bytes} B, T {T}", read_write_floor_us(state_bytes, T, inputs),
                        (1 + T) * state_bytes, 0, peak))
         print(out[-1], flush=True)

@@ -22,7 +22,7 @@ import torch
 
 from bench.floors import read_floor_us
 from bench.harness import Rotation, best_of, row, suite_main, time_us
-from bench.targets import int4_bytes
+from bench.targets import GEMV_FLOOR, int4_bytes
 from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma, int4_wgmma_ws as wgmma_ws
 from kernels.int4_linear import CODES, NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from layers.quant import Int4Weight, a8_permute
@@ -93,7 +93,7 @@ def run(peak_Bps: float) -> list:
                 rows.append({"kernel": "int4 matmul", "shape": f"{shape} M={m}", "peer": "torch-int4pack",
                              "error": str(e).splitlines()[0][:80]})
         nbytes = int4_bytes(1, n, k) // 4 * 4
-        rows.append(row("read floor", f"{shape} M=1 bytes", read_floor_us(nbytes), nbytes, 0, peak_Bps, peer="read"))
+        rows.append(row(GEMV_FLOOR, f"{shape} M=1 bytes", read_floor_us(nbytes), nbytes, 0, peak_Bps, peer="read"))
         dev = torch.device("cuda")
         for m in GEMV_M + GEMM_M:
             us = time_ours(m, n, k)

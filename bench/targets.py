@@ -14,6 +14,10 @@ GEMV = "int4_gemv W4A16 -> int64 sums"          # the form the layer step takes 
 GEMV_STORED = "int4_linear W4A16"                # bf16 stored by the linear itself
 ATTENTION = "attn_verify[fp8-native, V keys-fastest]"      # the engine's cache layout (on sm_90 the Gluon kernel)
 W4A8, W4A8_KERNEL = "w4a8_linear", "w4a8 ws, operand order"  # beside the W4A16 GEMM (int8 activations: its note)
+# the floors' rows (bench/floors.py), as the suites name them
+GEMV_FLOOR, ATTENTION_FLOOR = "read floor", "attn_verify[read floor]"
+GDN_FLOOR = "floor: read a state, write it T times"
+GDN_FLOOR_INPUTS = GDN_FLOOR + ", after inputs read past the wait"      # its writes wait for inputs: the target's
 
 
 CUBLAS = "bf16 matmul"
@@ -27,10 +31,10 @@ GDN_STATE_BYTES = (1 + 5) * 48 * 128 * 128 * 2
 # the bytes whose fraction of the copy peak the goal is (None: the field as the row gives it))
 ROW_TARGETS = [
     ("verify attention B1 q5 16k fp8 (KV bytes)", ATTENTION, "B1 ctx16384 q5", "frac_peak", ">= 0.70",
-     ("attn_verify[read floor]", "B1 ctx16384 q5"), KV_BYTES_16K),
+     (ATTENTION_FLOOR, "B1 ctx16384 q5"), KV_BYTES_16K),
     ("verify attention B1 q5 1.5k fp8, us", ATTENTION, "B1 ctx1536 q5", "us", "< 15", None, None),
     ("GDN verify B1 T5 fp16 state (state bytes)", "gdn_verify", "B1 T5 state float16", "frac_peak", ">= 0.70",
-     ("floor: read a state, write it T times, after inputs read past the wait", None), GDN_STATE_BYTES),
+     (GDN_FLOOR_INPUTS, None), GDN_STATE_BYTES),
     ("sampler, one row top-k 20 / top-p 0.95, us", "sample qwen T1 k20 p.95", "1x248320", "us", "< 20", None, None),
     ("sampler, five rows + rejection, us", "5 rows + rejection", "B1 k4 V248320", "us", "< 40", None, None),
 ]
@@ -117,7 +121,7 @@ def evaluate(rows: list, peak_GBps: float = None) -> list:
         sums = _fractions(rows, GEMV, m15, int4_work_bytes, peak_GBps)
         stored = _least(_fractions(rows, GEMV_STORED, m15, int4_work_bytes, peak_GBps))
         out.append(_check(f"int4 GEMV {shape}, M 1-5 (least)", ">= 0.80", _least(sums),
-                          _value(rows, "read floor", f"{shape} M=1 bytes"),
+                          _value(rows, GEMV_FLOOR, f"{shape} M=1 bytes"),
                           f"into int64 sums; least at {_weakest(sums, m15)}" +
                           ("" if stored is None else f"; stored bf16: {stored:.3f}")))
     out.append(_check("int8 lm_head GEMV, M 1-5 (least)", ">= 0.85",
