@@ -186,9 +186,8 @@ def run(batches, T, ctx, n_layers, device="cuda", dims=Dims(), timer=time_us):
         chain = timer(lambda: [layer.step() for layer in layers]) / n_layers
         in_chain = {name: chain - timer(lambda: [layer.step(skip=i) for layer in layers]) / n_layers
                     for i, name in enumerate(names)}
-        gpu.PDL_ENABLED = False
-        chain_serial = timer(lambda: [layer.step() for layer in layers]) / n_layers
-        gpu.PDL_ENABLED = True
+        with gpu.pdl_disabled():
+            chain_serial = timer(lambda: [layer.step() for layer in layers]) / n_layers
         shape = f"B{B} T{T}" + (f" ctx{ctx}" if kind == "attn" else "")
         rows.append(row(f"layer[{kind}] chained", shape, chain, layers[0].bytes(), 0, peak))
         rows.append(row(f"layer[{kind}] chained, no PDL", shape, chain_serial, layers[0].bytes(), 0, peak))

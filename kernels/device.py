@@ -1,21 +1,21 @@
-"""The GPU a launch runs on, as the kernels' launch defaults see it. On the CPU (Triton's interpreter) it answers
-as a small sm_90 part, so the interpreter runs the Hopper defaults on few programs; tests/aot_compile.py answers
-for other targets by replacing num_sms, capability and smem_per_sm. INTERPRET: kernels run in Triton's
+"""The GPU a launch runs on, as the kernels' launch defaults see it, and the device-side helpers every kernel shares.
+
+`capability`, `num_sms` and `smem_per_sm` answer for a CUDA device from its properties. Anywhere else they answer
+only inside `simulated(Gpu(...))`: the tests run the kernels in Triton's interpreter on the CPU as a small sm_90
+part, tools/aot_compile.py compiles them for sm_86 and sm_90 on meta tensors. INTERPRET: kernels run in Triton's
 interpreter (tests/conftest.py sets it on the CPU), where some take exact fp32 paths (ENGINE.md §7).
 
 Programmatic dependent launch (sm_90+, `pdl`): a kernel launched with launch_pdl=True may start while the previous
 kernel of the stream finishes, so its launch and its loads of data no kernel of the step writes (weights, caches
-of earlier steps, sampling parameters) overlap the predecessor — so a step's per-replay inputs that kernels read
-early (sampling parameters; with attention's `fresh`, cache rows and lengths) must come from host copies made
-before the replay, never from a kernel of the same graph. Such a kernel calls `pdl_wait` on every path
-before it reads anything an earlier kernel wrote and before it writes anything; `pdl_wait` returns once the
-previous kernel has completed, which (since that one waited too) means every earlier kernel has. Captured into
-a CUDA graph the overlap holds (H200, bench.harness.time_us: a launch spinning 3 µs before its wait and 3 µs after
-it, back to back, 4.0 µs a launch against 7.1 without PDL).
-`load_slot` reads a per-sequence slot id of a KV cache or state pool for every kernel that indexes one,
-`load_accepted` a sequence's accepted-draft count as the index of its last accepted token."""
+of earlier steps, sampling parameters) overlap the predecessor. A step's per-replay inputs that kernels read early
+must therefore come from host copies made before the replay, never from a kernel of the same graph. Such a kernel
+calls `pdl_wait` on every path before it reads anything an earlier kernel wrote and before it writes anything;
+`pdl_wait` returns once the previous kernel has completed, which (since that one waited too) means every earlier
+kernel has. `pdl_disabled()` turns it off for a comparison."""
+import contextlib
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -25,24 +25,59 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@functools.lru_cache(maxsize=None)
-def capability(dev: torch.device) -> tuple:
-    """Compute capability, e.g. (8, 6) for an RTX 3090, (9, 0) for an H200."""
-    return torch.cuda.get_device_capability(dev) if dev.type == "cuda" else (9, 0)
+@dataclass(frozen=True)
+class Gpu:
+    """What the launch defaults read of a GPU: compute capability, multiprocessors, shared memory per SM (bytes)."""
+    capability: tuple
+    num_sms: int
+    smem_per_sm: int
+
+
+INTERPRETER_GPU = Gpu((9, 0), 4, 233472)   # the tests' CPU: Hopper defaults on few programs
+_simulated = []                            # innermost simulated() first
+_pdl_off = []
+
+
+@contextlib.contextmanager
+def simulated(gpu: Gpu):
+    """Within the block every device (the CPU, meta tensors) answers as `gpu`."""
+    _simulated.insert(0, gpu)
+    try:
+        yield gpu
+    finally:
+        _simulated.remove(gpu)
 
 
 @functools.lru_cache(maxsize=None)
-def num_sms(dev: torch.device) -> int:
-    """Streaming multiprocessors: the grid size that fills the GPU (4 on the CPU keeps interpreter grids small)."""
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+def _cuda_gpu(dev: torch.device) -> Gpu:
+    props = torch.cuda.get_device_properties(dev)
+    return Gpu(torch.cuda.get_device_capability(dev), props.multi_processor_count,
+               props.shared_memory_per_multiprocessor)
 
 
-@functools.lru_cache(maxsize=None)
-def smem_per_sm(dev: torch.device) -> int:
-    """Shared memory per multiprocessor in bytes (an H200's 228 KiB off the GPU)."""
+def gpu_of(dev) -> Gpu:
+    """The Gpu a launch on `dev` targets: the simulated one inside `simulated`, else the CUDA device's own."""
+    if _simulated:
+        return _simulated[0]
+    dev = torch.device(dev)
     if dev.type != "cuda":
-        return 233472
-    return torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
+        raise RuntimeError(f"kernels launch on CUDA devices; on {dev.type} only inside kernels.device.simulated()")
+    return _cuda_gpu(dev)
+
+
+def capability(dev) -> tuple:
+    """Compute capability, e.g. (8, 6) for an RTX 3090, (9, 0) for an H200."""
+    return gpu_of(dev).capability
+
+
+def num_sms(dev) -> int:
+    """Streaming multiprocessors: the grid size that fills the GPU."""
+    return gpu_of(dev).num_sms
+
+
+def smem_per_sm(dev) -> int:
+    """Shared memory per multiprocessor in bytes."""
+    return gpu_of(dev).smem_per_sm
 
 
 def check_not_capturing(what: str, device) -> None:
@@ -70,12 +105,19 @@ def filling_tile(tiles, programs, dev: torch.device, per_sm: int = 2):
     return next((t for t in tiles if programs(t) >= per_sm * num_sms(dev)), tiles[-1])
 
 
-PDL_ENABLED = True      # bench/layer_step.py turns it off to measure what the overlap saves
+@contextlib.contextmanager
+def pdl_disabled():
+    """Launches inside the block run without programmatic dependent launch (to measure what the overlap saves)."""
+    _pdl_off.append(True)
+    try:
+        yield
+    finally:
+        _pdl_off.pop()
 
 
 def pdl(dev: torch.device) -> bool:
     """Launch with programmatic dependent launch (griddepcontrol is sm_90+; the interpreter has no inline asm)."""
-    return PDL_ENABLED and not INTERPRET and dev.type != "cpu" and capability(dev) >= (9, 0)
+    return not _pdl_off and not INTERPRET and dev.type != "cpu" and capability(dev) >= (9, 0)
 
 
 def pdl_args(dev: torch.device) -> dict:

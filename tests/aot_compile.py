@@ -64,7 +64,7 @@ def launches():
         for m in (1, 2, 5, 16, 20):                 # the GPU's path for these (int4_linear picks it on CUDA only)
             int4_gemv.int4_gemv(empty(m, k), w, empty(m, n))
             int4_gemv.int4_gemv(empty(m, k), w, empty(m, n, dtype=torch.int64))     # deferred sums
-        if gpu.capability(None) >= (9, 0):
+        if gpu.capability("meta") >= (9, 0):
             for m in (B * T, 320):                  # and on sm_90 for these
                 int4_wgmma.int4_wgmma(empty(m, k), w, empty(m, n))
             for tile in int4_wgmma_ws.TOKEN_TILES:  # the warp-specialised form's tiles, overlap or not: the
@@ -216,15 +216,11 @@ def recording(arch):
     """Kernel launches are recorded, not run; the wrappers see a GPU of this architecture."""
     recorded, run = [], JITFunction.run
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: recorded.append((self, args, kwargs))
-    saved = (gpu.num_sms, gpu.capability, gpu.smem_per_sm)
-    gpu.num_sms = lambda _: TARGETS[arch]["sms"]
-    gpu.capability = lambda _: divmod(arch, 10)
-    gpu.smem_per_sm = lambda _: TARGETS[arch]["smem_sm"]
     try:
-        yield recorded
+        with gpu.simulated(gpu.Gpu(divmod(arch, 10), TARGETS[arch]["sms"], TARGETS[arch]["smem_sm"])):
+            yield recorded
     finally:
         JITFunction.run = run
-        gpu.num_sms, gpu.capability, gpu.smem_per_sm = saved
 
 
 def main():

@@ -9,6 +9,18 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from kernels import device as gpu  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="session")
+def interpreter_gpu():
+    """Without CUDA the kernels launch in Triton's interpreter, as on a small sm_90 part (kernels/device.py)."""
+    if torch.cuda.is_available():
+        yield None
+    else:
+        with gpu.simulated(gpu.INTERPRETER_GPU) as simulated:
+            yield simulated
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
