@@ -143,16 +143,34 @@ class ModelConfig:
             tie_word_embeddings=tie, mtp_num_hidden_layers=mtp,
             max_position_embeddings=get("max_position_embeddings", 262144))
 
+    @property
+    def linear_shapes(self) -> dict:
+        """The body's fused linears as {name: (N, K)} (out features, in features), one layer's worth each."""
+        h, q_heads, kv_heads, d = self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim
+        return {"gdn_in_proj_qkvz": (2 * self.linear_key_dim + 2 * self.linear_value_dim, h),
+                "out_proj": (h, self.linear_value_dim),
+                "attn_qkv_gate": (2 * q_heads * d + 2 * kv_heads * d, h),
+                "mlp_gate_up": (2 * self.intermediate_size, h),
+                "mlp_down": (h, self.intermediate_size)}
+
     @classmethod
     def from_dir(cls, model_dir: str) -> "ModelConfig":
         path = os.path.join(model_dir, "config.json")
         if os.path.exists(model_dir) and not os.path.isdir(model_dir):
             raise ConfigError(f"{model_dir}: a file, not a model directory")
         try:
+            return cls.from_file(path)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: not found (is {model_dir!r} a model directory?)") from None
+
+    @classmethod
+    def from_file(cls, path: str) -> "ModelConfig":
+        """A config.json at `path`; FileNotFoundError if there is none, ConfigError naming what else is wrong."""
+        try:
             with open(path) as f:
                 raw = json.load(f)
         except FileNotFoundError:
-            raise ConfigError(f"{path}: not found (is {model_dir!r} a model directory?)") from None
+            raise
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: not valid JSON: {e}") from None
         except OSError as e:                       # a directory, unreadable
@@ -160,3 +178,11 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: must hold a JSON object")
         return cls.from_dict(raw, path)
+
+
+QWEN38_27B = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "qwen3.8-27b.json")
+
+
+def qwen38_27b() -> ModelConfig:
+    """The Qwen3.8-27B shape (configs/qwen3.8-27b.json): what benchmarks and shape tests run at."""
+    return ModelConfig.from_file(QWEN38_27B)
