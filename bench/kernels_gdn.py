@@ -1,16 +1,17 @@
 """Gated DeltaNet kernels at the 27B shapes (Hv 48, Hk 16, dk = dv 128, conv 10240 channels, K 4, k = 4 drafts):
-verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state; the default scheme and the chunk form), conv update
+verify update (T = 5, B ∈ {1, 8, 64}, fp16 and fp32 state; the default kernel and the Triton one), conv update
 (T = 5) and prefill, chunked prefill at 4k tokens. Bytes counted: verify = read 1 state + write T states + q, k, v,
 a, b + o; conv = x + y + state read and written + weights; prefill = inputs + o + state read and written (its fp32
 W/U workspace is overhead, not counted). The verify's state slots and the conv's state and weights rotate through
 copies that L2 cannot hold, every copy in the timed graph (bench.harness.Rotation), as do the copies of the
 floor rows; the activations (q, k, v, a, b, x: the previous kernel's output) and the prefill's state do not.
-`python -m bench.kernels_gdn --sweep` times launch configurations instead (verify: scheme, V-tile, warps;
-prefill: V-tile, warps). Beside the B = 1 verify rows, the floor of the same harness: a launch that only reads a
-state once and writes it T times (bench/floors.py: the verify's state traffic, no kernel of it beats that), the
-same with its writes waiting for inputs read after the launch before (as the verify's do: its tighter floor), a
-copy moving the verify's bytes (a memcpy node and a copy kernel) and an empty Triton kernel."""
-import itertools
+`python -m bench.kernels_gdn --sweep` times launch configurations instead (verify: the SWEEPs of
+kernels/gdn/recurrent.py and recurrent_gluon.py; prefill: kernels/gdn/chunked.SWEEP). Beside the B = 1 verify
+rows, the floor of the same harness: a launch that only reads a state once and writes it T times
+(bench/floors.py: the verify's state traffic, no kernel of it beats that), the same with its writes waiting for
+inputs read after the launch before (as the verify's do: its tighter floor), a copy moving the verify's bytes (a
+memcpy node and a copy kernel) and an empty Triton kernel."""
+from dataclasses import replace
 
 import torch
 import triton
@@ -18,14 +19,15 @@ import triton
 from bench.floors import read_write_floor_us
 from bench.harness import Rotation, row, suite_main, time_us
 from bench.targets import GDN_FLOOR, GDN_FLOOR_INPUTS
-from kernels.conv1d import causal_conv1d
-from kernels.gdn_chunked import chunk_prepare, chunk_states, gdn_prefill, prefill_workspace
-from kernels.gdn_common import state_pool
-from kernels.gdn_recurrent import gdn_verify
+from kernels.gdn import causal_conv1d, chunked, gdn_prefill, gdn_verify, prefill_workspace, recurrent, \
+    recurrent_gluon, state_pool
+from layers.config import qwen38_27b
 
-HV, HK, D, K, KD = 48, 16, 128, 4, 4
+M27 = qwen38_27b()
+HV, HK, D, K = M27.linear_num_value_heads, M27.linear_num_key_heads, M27.linear_key_head_dim, M27.linear_conv_kernel_dim
+KD = 4                                                                  # drafts
 T = KD + 1
-C = 2 * HK * D + HV * D
+C = M27.linear_conv_dim
 DEV = "cuda"
 
 
@@ -44,19 +46,6 @@ def timed_row(name, shape, fn, nbytes, flops, peak, out, **kw):
     except Exception as e:  # noqa: BLE001 - report and go on
         out.append({"kernel": name, "shape": shape, "error": f"{type(e).__name__}: {str(e)[:120]}"})
     print(out[-1], flush=True)
-
-
-# (proj_dot, block_v, num_warps, gluon, gluon_launch); tests/test_gdn_kernels.py checks the same configurations on
-# the GPU. The Gluon kernel's launches: (BV, warps, lanes along dk, warps along v, k and q in shared memory),
-# kernels/gdn_recurrent_gluon.py
-VERIFY_SWEEP = [(d, bv, w, False, None) for d in (False, True) for bv, w in ((16, 1), (32, 2), (64, 4))]
-GLUON_SWEEP = [(False, None, None, True, launch + (smem,)) for smem, launches in (
-    (False, ((16, 2, 4, False), (32, 2, 4, False), (16, 2, 8, False), (32, 2, 8, False), (32, 4, 8, False),
-             (64, 4, 8, False), (32, 2, 16, True), (16, 1, 16, True), (64, 4, 16, True), (8, 2, 4, False),
-             (16, 2, 16, True), (8, 1, 16, True), (32, 4, 16, True), (8, 2, 32, True), (16, 4, 32, True),
-             (16, 2, 8, True), (8, 1, 8, True), (32, 4, 8, True), (16, 1, 8, True))),
-    (True, ((16, 2, 4, False), (16, 2, 8, False), (32, 2, 8, False), (32, 4, 4, False), (8, 1, 4, True))))
-               for launch in launches]
 
 
 @triton.jit
@@ -83,8 +72,8 @@ def floor_rows(nbytes, state_bytes, grid, peak, out):
 
 
 def verify_rows(peak, sweep):
-    """The default update on the engine's state layout (dk fastest: kernels/gdn_common.state_pool); beside it the
-    same on transformers' layout (dv fastest), where the Triton kernel and the chunk form are also timed."""
+    """The default update on the engine's state layout (dk fastest: kernels/gdn.state_pool); beside it the same on
+    transformers' layout (dv fastest), where the Triton kernel is also timed."""
     out = []
     widths = (1, 2, 4, 8, 16, 64) if sweep else (1, 8, 64)
     for B, sdt in [(B, torch.float16) for B in widths] + [(1, torch.float32), (8, torch.float32)]:
@@ -100,20 +89,19 @@ def verify_rows(peak, sweep):
             # step (the layers between two verifies of a layer evict it), and as the floor beside it reads it
             pools = Rotation(lambda: (state_pool(B * T, HV, D, D, sdt, DEV) if dk_major
                                       else torch.zeros(B * T, HV, D, D, device=DEV, dtype=sdt)), pool_bytes)
-            # the default launch; on the dv-fastest layout also the Triton kernel and the opt-in chunk form
-            configs = [(False, None, None, None, None)]
+            # the default launch; on the dv-fastest layout also the Triton kernel's
+            state = pools()
+            configs = [("", None)]
             if not dk_major:
-                configs += [(False, None, None, False, None)]
-                configs += [(True, None, None, None, None)] if sdt == torch.float16 else []
-                configs += VERIFY_SWEEP if sweep and sdt == torch.float16 else []
-            configs += GLUON_SWEEP if sweep else []
-            for dot, bv, warps, gluon, launch in configs:
-                name = "gdn_verify" + (f"[gluon,{launch}]" if launch else f"[{'dot' if dot else 'fma'},bv{bv},w{warps}]"
-                                       if bv else "[chunk form]" if dot else "[triton]" if gluon is False else "")
-                name += "" if dk_major else "[dv fastest]"
+                configs += [("[triton]", recurrent.config(inputs[2], state))]
+                configs += [(f"[fma,bv{c.block_v},w{c.num_warps}]", c) for c in recurrent.SWEEP] \
+                    if sweep and sdt == torch.float16 else []
+            configs += [(f"[gluon,{t}]", recurrent_gluon.config(inputs[2], state, t))
+                        for t in recurrent_gluon.SWEEP] if sweep else []
+            for tag, cfg in configs:
+                name = "gdn_verify" + tag + ("" if dk_major else "[dv fastest]")
                 timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
-                          lambda: gdn_verify(*inputs, pools(), slots, num_acc, out=o, block_v=bv, num_warps=warps,
-                                             proj_dot=dot, gluon=gluon, gluon_launch=launch),
+                          lambda: gdn_verify(*inputs, pools(), slots, num_acc, out=o, cfg=cfg),
                           nbytes, 8 * B * T * HV * D * D, peak, out, reps=pools.reps)
             del pools
             torch.cuda.empty_cache()
@@ -146,22 +134,22 @@ def prefill_rows(peak, sweep, L=4096):
     init, final = torch.tensor([0], dtype=torch.int32, device=DEV), torch.tensor([1], dtype=torch.int32, device=DEV)
     o = torch.empty(1, L, HV, D, device=DEV, dtype=torch.bfloat16)
     ws = prefill_workspace(1, L, HV, D, D, DEV)
+    cfg = chunked.config(q, v)
     nbytes = L * (C + 2 * HV) * 2 + o.numel() * 2 + 2 * pool[0].numel() * 4
     ch = 64
     flops = 2 * (L // ch) * HV * (3 * ch * D * D + 3 * ch * ch * D + 2 * ch * ch * D + ch ** 3)
     shape = f"B1 L{L} state fp32"
     out = []
-    timed_row("gdn_prefill.prepare", shape, lambda: chunk_prepare(k, v, a, b, A_log, dt_bias, ws), nbytes, flops,
-              peak, out, reps=5, trials=3)
+    timed_row("gdn_prefill.prepare", shape, lambda: chunked.chunk_prepare(k, v, a, b, A_log, dt_bias, ws, cfg),
+              nbytes, flops, peak, out, reps=5, trials=3)
     timed_row("gdn_prefill.states", shape,
-              lambda: chunk_states(q, k, a, b, A_log, dt_bias, pool, init, final, o, ws), nbytes, flops, peak, out,
-              reps=5, trials=3)
-    configs = [(None, None)] + (list(itertools.product((32, 64), ((4, 4), (8, 4), (8, 8)))) if sweep else [])
-    for bv, warps in configs:
-        name = "gdn_prefill" + ("" if bv is None else f"[bv{bv},w{warps[0]}/{warps[1]}]")
-        launch = dict(block_v=bv, num_warps=warps) if bv else {}       # else gdn_prefill's defaults
-        timed_row(name, shape, lambda: gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, init, final, out=o,
-                                                   workspace=ws, **launch),
+              lambda: chunked.chunk_states(q, k, a, b, A_log, dt_bias, pool, init, final, o, ws, cfg), nbytes, flops,
+              peak, out, reps=5, trials=3)
+    configs = [("", cfg)] + ([(f"[bv{f['block_v']},w{f['prepare_warps']}/{f['state_warps']}]", replace(cfg, **f))
+                              for f in chunked.SWEEP] if sweep else [])
+    for tag, c in configs:
+        timed_row("gdn_prefill" + tag, shape, lambda: gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, init, final,
+                                                                  out=o, workspace=ws, cfg=c),
                   nbytes, flops, peak, out, reps=5, trials=3)
     return out
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.gdn.ref import delta_rule_chunked_ref, delta_rule_recurrent_ref, gates_ref, prepare_qk_ref
 from layers.config import ModelConfig
 
 
@@ -26,10 +27,6 @@ def gated_rms_norm(x, z, weight, eps):
     xf = x.float()
     xn = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return (weight * xn * F.silu(z.float())).to(x.dtype)
-
-
-def l2norm(x, eps=1e-6):
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 class RMSNorm(nn.Module):
@@ -202,18 +199,15 @@ class GatedDeltaNet(nn.Module):
         window = torch.cat([history, conv_in], -1)                          # [B, C, K−1+T]
         mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=window.shape[1])).transpose(1, 2)   # [B, T, C]
         q, k, v = mixed.split([cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim], -1)
-        r = Hv // Hk                                                        # v-head j reads k-head j // r
-        q = l2norm(q.reshape(B, T, Hk, dk).float()).repeat_interleave(r, 2) * dk ** -0.5
-        k = l2norm(k.reshape(B, T, Hk, dk).float()).repeat_interleave(r, 2)
+        q, k = prepare_qk_ref(q.reshape(B, T, Hk, dk), k.reshape(B, T, Hk, dk), Hv)    # [B, T, Hv, dk] fp32
         v = v.reshape(B, T, Hv, dv).float()
-        beta = torch.sigmoid(self.in_proj_b(x).float())                     # [B, T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        g, beta = gates_ref(self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias)   # [B, T, Hv]
         state = cache.state if cache is not None else x.new_zeros(B, Hv, dk, dv, dtype=torch.float32)
         if keep_states or T == 1:
-            o, states = delta_rule_recurrent(q, k, v, g, beta, state)
+            o, states = delta_rule_recurrent_ref(q, k, v, g, beta, state)
             final = states[-1]
         else:
-            o, final = delta_rule_chunked(q, k, v, g, beta, state)
+            o, final = delta_rule_chunked_ref(q, k, v, g, beta, state)
         if cache is not None:
             if keep_states:
                 cache.pending = (window, states)
@@ -223,51 +217,6 @@ class GatedDeltaNet(nn.Module):
         z = self.in_proj_z(x).view(B, T, Hv, dv)
         o = self.norm(o.to(x.dtype), z)
         return self.out_proj(o.reshape(B, T, Hv * dv))
-
-
-def delta_rule_recurrent(q, k, v, g, beta, state):
-    """Token by token. q, k [B, T, Hv, dk], v [B, T, Hv, dv], g, beta [B, T, Hv], state [B, Hv, dk, dv] (fp32)
-    -> o [B, T, Hv, dv], states [T, B, Hv, dk, dv] (the state after each token)."""
-    outs, states = [], []
-    for t in range(q.shape[1]):
-        state = state * g[:, t].exp()[..., None, None]
-        delta = (v[:, t] - torch.einsum("bhk,bhkv->bhv", k[:, t], state)) * beta[:, t, :, None]
-        state = state + k[:, t, :, :, None] * delta[:, :, None, :]
-        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
-        states.append(state)
-    return torch.stack(outs, 1), torch.stack(states)
-
-
-def delta_rule_chunked(q, k, v, g, beta, state, chunk=64):
-    """The same recurrence, chunk by chunk (same arguments; returns o and the final state).
-
-    Within a chunk with cumulative log-decay G_t = Σ_{s<=t} g_s and start state S0, the per-token updates
-    u_t = δ_t solve (I + A) U = β·V − β·e^G·K·S0 with A_ts = β_t e^{G_t−G_s} k_t·k_s for s < t (unit lower
-    triangular), and then o_t = e^{G_t} q_t·S0 + Σ_{s<=t} e^{G_t−G_s} (q_t·k_s) u_s,
-    S_end = e^{G_C} S0 + Σ_s e^{G_C−G_s} k_s u_sᵀ."""
-    B, T, Hv, dk = k.shape
-    pad = (-T) % chunk                   # padded tokens have k = 0, β = 0, g = 0: they leave the state alone
-    q, k, v = (F.pad(t.transpose(1, 2), (0, 0, 0, pad)) for t in (q, k, v))        # [B, Hv, T+pad, d]
-    g, beta = (F.pad(t.transpose(1, 2), (0, pad)) for t in (g, beta))                # [B, Hv, T+pad]
-    n = (T + pad) // chunk
-    q, k, v = (t.reshape(B, Hv, n, chunk, t.shape[-1]) for t in (q, k, v))
-    g, beta = g.reshape(B, Hv, n, chunk), beta.reshape(B, Hv, n, chunk)
-    G = g.cumsum(-1)
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()      # e^{G_t − G_s}, s <= t
-    A = (beta[..., None] * (k @ k.transpose(-1, -2)) * decay).tril(-1)
-    M = A + torch.eye(chunk, device=q.device)
-    Wv = torch.linalg.solve_triangular(M, beta[..., None] * v, upper=False, unitriangular=True)
-    Wk = torch.linalg.solve_triangular(M, (beta * G.exp())[..., None] * k, upper=False, unitriangular=True)
-    qk = (q @ k.transpose(-1, -2)) * decay
-    outs = []
-    for i in range(n):
-        u = Wv[:, :, i] - Wk[:, :, i] @ state                             # [B, Hv, C, dv]
-        outs.append((q[:, :, i] * G[:, :, i, :, None].exp()) @ state + qk[:, :, i] @ u)
-        tail = (G[:, :, i, -1:] - G[:, :, i]).exp()[..., None]              # e^{G_C − G_s}
-        state = G[:, :, i, -1, None, None].exp() * state + (k[:, :, i] * tail).transpose(-1, -2) @ u
-    o = torch.stack(outs, 2).reshape(B, Hv, n * chunk, -1)[:, :, :T]
-    return o.transpose(1, 2), state
 
 
 # ---------------------------------------------------------------------------------------------------- blocks

@@ -28,9 +28,7 @@ import kernels.int4_gemv as int4_gemv
 import kernels.int4_wgmma as int4_wgmma
 import kernels.int4_wgmma_ws as int4_wgmma_ws
 import kernels.int4_linear as int4_linear
-from kernels.conv1d import causal_conv1d
-from kernels.gdn_chunked import gdn_prefill
-from kernels.gdn_recurrent import gdn_verify
+from kernels.gdn import causal_conv1d, gdn_prefill, gdn_verify, recurrent, recurrent_gluon
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import int8_linear
 from kernels.kv_write import write_kv
@@ -104,18 +102,20 @@ def launches():
     conv_dim = 2 * HK * DK + HV * DK
     for state_dtype, dk_fastest in itertools.product((torch.float16, torch.float32), (False, True)):
         for width, gluon in ((B, False), (1, True), (B, True), (16, True)):      # the Gluon kernel's launches
-            qk = empty(width, T, HK, DK)
+            qk, v = empty(width, T, HK, DK), empty(width, T, HV, DK)
             pool = empty(width * T, HV, DK, DK, dtype=state_dtype)
-            gdn_verify(qk, qk, empty(width, T, HV, DK), empty(width, T, HV), empty(width, T, HV),
-                       empty(HV, dtype=torch.float32), empty(HV, dtype=torch.float32),
-                       pool.transpose(-1, -2) if dk_fastest else pool, empty(width, T, dtype=torch.int32),
-                       empty(width, dtype=torch.int32), gluon=gluon)
+            state = pool.transpose(-1, -2) if dk_fastest else pool
+            gdn_verify(qk, qk, v, empty(width, T, HV), empty(width, T, HV),
+                       empty(HV, dtype=torch.float32), empty(HV, dtype=torch.float32), state,
+                       empty(width, T, dtype=torch.int32), empty(width, dtype=torch.int32),
+                       cfg=(recurrent_gluon if gluon else recurrent).config(v, state))
     sums = empty(B, T, 2, HV, dtype=torch.int64)                        # b and a as deferred sums
     for gluon in (False, True):
-        qk = empty(B, T, HK, DK)
-        gdn_verify(qk, qk, empty(B, T, HV, DK), sums[:, :, 0], sums[:, :, 1], empty(HV, dtype=torch.float32),
-                   empty(HV, dtype=torch.float32), empty(B * T, HV, DK, DK, dtype=torch.float16).transpose(-1, -2),
-                   empty(B, T, dtype=torch.int32), empty(B, dtype=torch.int32), gluon=gluon)
+        qk, v = empty(B, T, HK, DK), empty(B, T, HV, DK)
+        state = empty(B * T, HV, DK, DK, dtype=torch.float16).transpose(-1, -2)
+        gdn_verify(qk, qk, v, sums[:, :, 0], sums[:, :, 1], empty(HV, dtype=torch.float32),
+                   empty(HV, dtype=torch.float32), state, empty(B, T, dtype=torch.int32), empty(B, dtype=torch.int32),
+                   cfg=(recurrent_gluon if gluon else recurrent).config(v, state))
     for dtype in (torch.bfloat16, torch.float32):                       # fp32 inputs take a pipeline stage less
         qk = empty(1, 256, HK, DK, dtype=dtype)
         gdn_prefill(qk, qk, empty(1, 256, HV, DK, dtype=dtype), empty(1, 256, HV, dtype=dtype),

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from kernels import norms as N
-from kernels.conv1d import causal_conv1d
 from kernels.fixed_sum import FRAC, to_bf16_ref
+from kernels.gdn import causal_conv1d
 from kernels.kv_write import kv_cache
 from layers.model import rope_tables
 
@@ -93,8 +93,7 @@ def test_gdn_layer_takes_in_proj_sums():
     """The GDN layer's in_proj row [qkv | z | b | a] as sums: conv1d (qkv), gdn_verify (b, a: read by every
     program of a head, not cleared), gated_rmsnorm (z, and clears b and a) write what they write from the bf16
     row, and the whole row is zero afterwards."""
-    from kernels.gdn_common import state_pool
-    from kernels.gdn_recurrent import gdn_verify
+    from kernels.gdn import gdn_verify, state_pool
     B, T, HK, HV, DK, K = 2, 3, 2, 4, 32, 4
     conv_dim, z_end = 2 * HK * DK + HV * DK, 2 * HK * DK + 2 * HV * DK
     sums = random_sums(B * T, z_end + 2 * HV, scale=1.0, seed=4)

@@ -6,9 +6,7 @@ import pytest
 import torch
 
 from kernels.attention_verify import verify_attention
-from kernels.conv1d import causal_conv1d
-from kernels.gdn_chunked import gdn_prefill
-from kernels.gdn_recurrent import gdn_verify
+from kernels.gdn import causal_conv1d, gdn_prefill, gdn_verify
 from kernels.kv_write import write_kv
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.sampler import SamplingTensors, rejection_sample, sample
@@ -63,7 +61,7 @@ CASES = {
                                           torch.tensor([1, 3], dtype=torch.int32),
                                           out=torch.zeros(B, T, 2, 2 * C)[..., ::2]), "unit last stride"),
     "gdn_prefill slots": (lambda: gdn_prefill(*gdn_args(T), torch.zeros(4, 2, C, C), column([0, 1]),
-                                              torch.tensor([2, 3], dtype=torch.int32), chunk=16),
+                                              torch.tensor([2, 3], dtype=torch.int32)),
                           "initial_slots must be"),
     "verify_attention cache_rows": (lambda: verify_attention(*attention_args(), column([0, 2]),
                                                              torch.tensor([5, 9], dtype=torch.int32),

@@ -3,14 +3,14 @@ make a kernel read or write outside its tensors, whatever they hold: lengths sho
 cache, slot ids past the cache or state pool, token ids outside the vocabulary, accepted counts at the int32
 extremes, NaN logits. Each case frames the real tensor with poisoned neighbours, or compares against the same call
 on the nearest valid input."""
+from dataclasses import replace
+
 import pytest
 import torch
 
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import alloc_partials, verify_attention
-from kernels.conv1d import causal_conv1d
-from kernels.gdn_chunked import gdn_prefill
-from kernels.gdn_recurrent import gdn_verify
+from kernels.gdn import causal_conv1d, chunked, gdn_prefill, gdn_verify, recurrent
 from kernels.int8_embedding import int8_embedding
 from kernels.kv_write import write_kv
 from kernels.norms import qk_norm_rope
@@ -136,13 +136,13 @@ def gdn_inputs(B, L, HV=2, HK=1, DK=16):
 
 
 @PAST
-@pytest.mark.parametrize("proj_dot", [False, True])
-def test_gdn_verify_slot_past_the_pool_is_padding(past, proj_dot):
-    """gdn_verify, both schemes: a slot id >= the pool's slots is padding. Row 0 starts from one (a zero state) and
-    writes one slot of three; row 1 starts from slot 1 and writes two."""
+@pytest.mark.parametrize("cfg", [None, recurrent.Config(16, 1)], ids=["default", "triton"])
+def test_gdn_verify_slot_past_the_pool_is_padding(past, cfg):
+    """gdn_verify, the default kernel and the Triton one: a slot id >= the pool's slots is padding. Row 0 starts
+    from one (a zero state) and writes one slot of three; row 1 starts from slot 1 and writes two."""
     def run(slots):
         big, pool = framed(2, 16, 16)
-        o = gdn_verify(*gdn_inputs(2, 3), pool, slots, torch.tensor([1, 2], dtype=torch.int32), proj_dot=proj_dot)
+        o = gdn_verify(*gdn_inputs(2, 3), pool, slots, torch.tensor([1, 2], dtype=torch.int32), cfg=cfg)
         return o, big
 
     assert_past_is_padding(run, torch.tensor([[-1, 0, -1], [-1, 1, 2]], dtype=torch.int32), past)
@@ -153,7 +153,9 @@ def test_gdn_prefill_slot_past_the_pool_is_padding(past):
     """gdn_prefill: row 0 starts from a slot past the pool (zeros), row 1's final state goes to one (nowhere)."""
     def run(slots):
         big, pool = framed(2, 16, 16)
-        o = gdn_prefill(*gdn_inputs(2, 5), pool, slots[0], slots[1], chunk=16)
+        q, k, v, a, b, A_log, dt_bias = gdn_inputs(2, 5)
+        o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, slots[0], slots[1],
+                        cfg=replace(chunked.config(q, v), chunk=16))
         return o, big
 
     assert_past_is_padding(run, torch.tensor([[-1, 1], [2, -1]], dtype=torch.int32), past)

@@ -4,8 +4,8 @@ from transformers' own decoder layer and norms."""
 import pytest
 import torch
 
+from kernels.gdn.ref import delta_rule_chunked_ref, delta_rule_recurrent_ref
 from layers.checkpoint import load_model
-from layers.model import delta_rule_chunked, delta_rule_recurrent
 from tests.fixtures import CONFIGS, make_tiny_checkpoint, reference_model
 
 
@@ -101,6 +101,6 @@ def test_chunked_delta_rule_equals_recurrent(T):
     gate = -torch.rand(B, T, H, generator=g, dtype=torch.float64) * 2
     beta = torch.rand(B, T, H, generator=g, dtype=torch.float64)
     s0 = torch.randn(B, H, dk, dv, generator=g, dtype=torch.float64)
-    o_ref, states = delta_rule_recurrent(q, k, v, gate, beta, s0)
-    o, final = delta_rule_chunked(q, k, v, gate, beta, s0, chunk=16)
+    o_ref, states = delta_rule_recurrent_ref(q, k, v, gate, beta, s0)
+    o, final = delta_rule_chunked_ref(q, k, v, gate, beta, s0, chunk=16)
     assert rel_err(o, o_ref) < 1e-10 and rel_err(final, states[-1]) < 1e-10
