@@ -35,7 +35,7 @@ def in_layout(pool, dk_fastest):
     return state_pool(*pool.shape, pool.dtype, pool.device).copy_(pool)
 
 
-def seq_reference(q, k, v, a, b, A_log, dt_bias, state=None):
+def seq_ref(q, k, v, a, b, A_log, dt_bias, state=None):
     """Recurrent reference over whole sequences in fp32: o [B, L, Hv, dv] and the state after the last token."""
     qn, kn = prepare_qk_ref(q, k, v.shape[2])
     g, beta = gates_ref(a, b, A_log, dt_bias)
@@ -59,7 +59,7 @@ def test_references_match_transformers():
     rep = lambda x: x.repeat_interleave(2, dim=2)
     hf_o, hf_s = torch_recurrent_gated_delta_rule(rep(q), rep(k), v, g, beta, initial_state=init,
                                                   output_final_state=True, use_qk_l2norm_in_kernel=True)
-    o, s = seq_reference(q, k, v, a, b, A_log, dt_bias, init)
+    o, s = seq_ref(q, k, v, a, b, A_log, dt_bias, init)
     assert rel_err(o, hf_o) < 1e-6 and rel_err(s, hf_s) < 1e-6
     qn, kn = prepare_qk_ref(q, k, 4)
     co, cs = delta_rule_chunked_ref(qn, kn, v.float(), g, beta, init.float(), chunk=16)
@@ -149,7 +149,7 @@ def test_verify_strided_inputs_and_decode_steps():
     q, k, v = (t.unflatten(-1, (-1, D)) for t in qkv.split([HK * D, HK * D, HV * D], -1))
     _, _, _, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, D, D, seed=3)
     init = torch.randn(B, HV, D, D, device=DEV)
-    ref_o, ref_s = seq_reference(q, k, v, a, b, A_log, dt_bias, init)
+    ref_o, ref_s = seq_ref(q, k, v, a, b, A_log, dt_bias, init)
     pool = init.clone()
     slots = torch.arange(B, dtype=torch.int32, device=DEV)[:, None]
     ones = torch.ones(B, dtype=torch.int32, device=DEV)
@@ -173,7 +173,7 @@ def test_prefill_matches_recurrence(L, chunk, dk, state_dtype, dk_fastest):
     init_slots = torch.tensor([2, -1], dtype=torch.int32, device=DEV)     # sequence 1 starts from zeros
     final_slots = torch.tensor([2, 0], dtype=torch.int32, device=DEV)     # sequence 0 in place
     init = torch.stack([pool[2].float(), torch.zeros_like(pool[2], dtype=torch.float32)])
-    ref_o, ref_s = seq_reference(q, k, v, a, b, A_log, dt_bias, init)
+    ref_o, ref_s = seq_ref(q, k, v, a, b, A_log, dt_bias, init)
     before = pool.clone()
     out = torch.full((B, L, HV, DV), float("nan"), device=DEV)
     o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, init_slots, final_slots, out=out, cfg=chunks(q, v, chunk))
@@ -248,7 +248,7 @@ def test_spec_rounds_match_full_sequence():
         pos += acc + 1
     full_y = causal_conv1d_ref(x_true[:, :pos], w, torch.zeros(1, C, K - 1, device=DEV),
                                      torch.zeros(1, dtype=torch.int32))
-    ref_o, _ = seq_reference(*mixer_inputs(full_y, ab_true[:, :pos]), A_log, dt_bias)
+    ref_o, _ = seq_ref(*mixer_inputs(full_y, ab_true[:, :pos]), A_log, dt_bias)
     assert rel_err(torch.cat(outs, 1), ref_o) < 2e-3                 # the prefill's fp16 dot operands
 
 
@@ -320,7 +320,7 @@ def test_gpu_prefill_27b(capability):
     B, L, HV, HK, D = 1, 300, HV27, HK27, D27
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, D, D, torch.bfloat16)
     pool = in_layout(0.1 * torch.randn(2, HV, D, D, device=DEV), dk_fastest=True)
-    ref_o, ref_s = seq_reference(q, k, v, a, b, A_log, dt_bias, pool[:1].clone())
+    ref_o, ref_s = seq_ref(q, k, v, a, b, A_log, dt_bias, pool[:1].clone())
     slot = torch.zeros(1, dtype=torch.int32, device=DEV)
     o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, slot, slot + 1, cfg=chunked.config(q, v, capability))
     # tf32 dots along the state chain; bf16 output
@@ -335,7 +335,7 @@ def test_gpu_prefill_small_heads_chunk64(dk, dv):
     B, L, HV, HK = 2, 100, 4, 2
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, dk, dv, seed=L)
     pool = torch.randn(3, HV, dk, dv, device=DEV)
-    ref_o, ref_s = seq_reference(q, k, v, a, b, A_log, dt_bias, pool[:1].repeat(2, 1, 1, 1))
+    ref_o, ref_s = seq_ref(q, k, v, a, b, A_log, dt_bias, pool[:1].repeat(2, 1, 1, 1))
     o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, torch.zeros(B, dtype=torch.int32, device=DEV),
                     torch.tensor([1, 2], dtype=torch.int32, device=DEV), cfg=chunks(q, v, 64))
     assert rel_err(o, ref_o) < 2e-3 and rel_err(pool[1:], ref_s) < 2e-3
@@ -363,7 +363,7 @@ def test_prefill_negative_final_slot_writes_no_state():
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, dk, dv, seed=5)
     pool = torch.randn(4, HV, dk, dv, device=DEV)
     before = pool.clone()
-    want_o, want_s = seq_reference(q, k, v, a, b, A_log, dt_bias, pool[[1, 3]].clone())
+    want_o, want_s = seq_ref(q, k, v, a, b, A_log, dt_bias, pool[[1, 3]].clone())
     out = torch.full((B, L, HV, dv), float("nan"), device=DEV)
     o = gdn_prefill(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([1, 3], dtype=torch.int32, device=DEV),
                     torch.tensor([-1, 0], dtype=torch.int32, device=DEV), out=out, cfg=chunks(q, v, 16))

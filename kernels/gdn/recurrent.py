@@ -56,7 +56,8 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr
 
     # every load up front: none can be hoisted past a state store (may alias), each would cost a round trip
     slots, first = slot_row(num_acc_ptr, slots_ptr, bi, ss_b, num_slots, T)
-    S0 = tl.load(state_ptr + first.to(tl.int64) * (HV * DK * DV) + tile, mask=first >= 0, other=0.0)
+    S0_ptrs = state_ptr + first.to(tl.int64) * (HV * DK * DV) + tile
+    S0 = tl.load(S0_ptrs, mask=first >= 0, other=0.0)
     qr, kr, vs, a_s, b_s = (), (), (), (), ()
     for t in tl.static_range(T):
         qr = qr + (tl.load(q_ptr + bi * sq_b + t * sq_t + kh * sq_h + offs_k).to(tl.float32),)
