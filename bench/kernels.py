@@ -12,19 +12,10 @@ import traceback
 
 import torch
 
-from bench import targets
 from bench.harness import gpu_name, gpu_slug, measure_bandwidth, write_results
+from tools import targets
 
 SUITES = ["int4", "int8", "attn", "gdn", "sampler", "norms"]  # bench/kernels_<name>.py modules, in report order
-
-
-def fastest(passes: list) -> list:
-    """Row by row, the pass with the least time (a row without one, an error, from the first pass); passes whose
-    rows are not the first's, kernel and shape in the same order, are left out."""
-    keys = [(r["kernel"], r["shape"]) for r in passes[0]]
-    same = [p for p in passes if [(r["kernel"], r["shape"]) for r in p] == keys]
-    return [min((p[i] for p in same if "us" in p[i]), key=lambda r: r["us"], default=passes[0][i])
-            for i in range(len(keys))]
 
 
 def main():
@@ -46,7 +37,7 @@ def main():
             except Exception as e:      # one broken suite must not cost the others' results
                 traceback.print_exc()
                 error = {"kernel": suite, "shape": "suite failed", "error": f"{type(e).__name__}: {e}"[:200]}
-        rows += fastest(passes) if passes else [error]
+        rows += targets.fastest(passes) if passes else [error]
         md = write_results(name, rows, meta)    # rewritten after every suite: a run cut short keeps what it has
     print(md)
     if not args.only:

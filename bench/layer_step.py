@@ -21,7 +21,6 @@ import torch
 
 from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
 from bench.kernels_int4 import random_int4
-from bench.targets import int4_bytes
 from kernels import device as gpu, fixed_sum
 from kernels.attention_verify import alloc_partials, choose_nseg, verify_attention
 from kernels.conv1d import causal_conv1d
@@ -34,6 +33,7 @@ from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from layers.config import ModelConfig, qwen38_27b
 from layers.model import rope_tables
 from layers.quant import concat_outputs
+from tools.targets import int4_bytes
 
 
 class Layer:

@@ -24,7 +24,6 @@ from bench.kernels_int4 import random_int4
 from bench.kernels_int8 import lm_head_bytes, random_int8
 from bench.kernels_sampler import QWEN, params_for
 from bench.layer_step import Layer
-from bench.targets import int4_bytes
 from kernels.int4_linear import int4_linear
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import int8_linear
@@ -32,6 +31,7 @@ from kernels.norms import add_rmsnorm
 from kernels.sampler import (RejectionWorkspace, SamplerWorkspace, rejection_sample, sample, sample_drafts,
                              target_to_draft)
 from layers.config import qwen38_27b
+from tools.targets import int4_bytes
 
 
 class Step:
