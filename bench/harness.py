@@ -24,8 +24,8 @@ def gpu_slug() -> str:
 
 def measure_bandwidth(nbytes: int = 2 << 30) -> dict:
     """Peak bandwidth in bytes/s: a device-to-device copy (read + write counted) and a large sum (read only).
-    Inside a graph `copy_` becomes a memcpy node that may run on a copy engine (seen: 2.8 TB/s on an H200 whose
-    SMs copy at ~4.2), so the copy is also done by a kernel (`mul` by 1) and the faster of the two counts."""
+    Inside a graph `copy_` becomes a memcpy node that may run on a copy engine, slower than the SMs, so the copy is
+    also done by a kernel (`mul` by 1) and the faster of the two counts."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
     copy_us = min(time_us(lambda: dst.copy_(src)), time_us(lambda: torch.mul(src, 1, out=dst)))

@@ -3,9 +3,8 @@
 Measures the peak bandwidth once, then runs each suite (a module bench/kernels_<name>.py with
 `run(peak_Bps) -> list[row]`) `--passes` times (default 2), keeps each row from its fastest pass, and writes
 bench/results/kernels-<gpu>.json and .md; after a full run also targets-<gpu>.md, issue 3's targets against these
-results (bench/targets.py). Why passes: on the lent H200s the same code's rows moved by up to 9% between runs and
-within one (gate_up's GEMV at 3 rows 28.3 us, at 2 and 4 rows 26.7 and 26.2), and interference only ever slows a
-row down. A row's derived columns (vs_cublas) are its own pass's."""
+results (tools/targets.py). Passes, because interference from other work on the GPU only ever slows a row down
+(docs/notes/bench.md). A row's derived columns (vs_cublas) are its own pass's."""
 import argparse
 import importlib
 import traceback
