@@ -9,7 +9,7 @@ import math
 import re
 import sys
 
-from graphs.plan import MAX_SPEC_K
+from layers.config import MAX_SPEC_K
 
 EXIT_USAGE = 2
 

@@ -14,13 +14,13 @@ import torch.nn.functional as F
 
 from bench.floors import read_floor_us
 from bench.harness import Rotation, measure_bandwidth, row, suite_main, time_us
-from bench.targets import ATTENTION_FLOOR
 from kernels import attention_verify_gluon
 from kernels.attention_prefill import prefill_attention
 from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
                                       kv_format, verify_attention)
 from kernels.kv_write import write_kv
 from tests.test_attention_kernels import LAUNCH_CONFIGS, PREFILL_CONFIGS, v_transposed
+from tools.targets import ATTENTION_FLOOR
 
 HQ, HKV, D, Q_LEN = 24, 4, 256, 5
 BATCHES, CONTEXTS = (1, 8, 64), (1536, 16384, 65536)

@@ -17,11 +17,11 @@ import triton
 
 from bench.floors import read_write_floor_us
 from bench.harness import Rotation, row, suite_main, time_us
-from bench.targets import GDN_FLOOR, GDN_FLOOR_INPUTS
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import chunk_prepare, chunk_states, gdn_prefill, prefill_workspace
 from kernels.gdn_common import state_pool
 from kernels.gdn_recurrent import gdn_verify
+from tools.targets import GDN_FLOOR, GDN_FLOOR_INPUTS
 
 HV, HK, D, K, KD = 48, 16, 128, 4, 4
 T = KD + 1

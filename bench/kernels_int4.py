@@ -22,10 +22,10 @@ import torch
 
 from bench.floors import read_floor_us
 from bench.harness import Rotation, best_of, row, suite_main, time_us
-from bench.targets import GEMV_FLOOR, int4_bytes
 from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma, int4_wgmma_ws as wgmma_ws
 from kernels.int4_linear import CODES, NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
 from layers.quant import Int4Weight, a8_permute
+from tools.targets import GEMV_FLOOR, int4_bytes
 
 SHAPES = (("gdn_in_proj_qkvz", 16384, 5120), ("out_proj", 5120, 6144), ("attn_qkv_gate", 14336, 5120),
           ("mlp_gate_up", 34816, 5120), ("mlp_down", 5120, 17408))       # name, N, K

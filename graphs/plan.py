@@ -5,11 +5,10 @@ import json
 import os
 from dataclasses import dataclass
 
-from layers.config import ModelConfig
+from layers.config import MAX_SPEC_K, ModelConfig
 
 PROFILES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1}
-MAX_SPEC_K = 16              # MTP drafts per step: each costs a draft pass; beyond a few, acceptance is ~0
 
 
 def load_profile(name: str) -> dict:

@@ -5,17 +5,11 @@ import pytest
 
 from capture import main
 from graphs.plan import load_profile, plan
-from layers.config import ModelConfig
-
-QWEN38_27B = dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=5120, intermediate_size=17408,
-                  num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
-                  linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
-                  linear_value_head_dim=128, linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
-                  mtp_num_hidden_layers=1)
+from layers.config import qwen38_27b
 
 
 def test_27b_plan_matches_the_reference_budget():
-    p = plan(ModelConfig.from_dict(QWEN38_27B), load_profile("rtx3090"))
+    p = plan(qwen38_27b(), load_profile("rtx3090"))
     assert p.weight_bytes / 2**30 == pytest.approx(14.4, abs=0.1)              # QUANT.md §7: ≈ 14.4 GiB
     assert p.state_bytes_per_seq / 2**20 == pytest.approx(360 + 6.6, abs=1)    # 5 fp16 slots + widened conv
     assert p.kv_bytes_per_token == (16 + 1) * 2 * 4 * 256                      # fp8, target + MTP layer

@@ -1,5 +1,5 @@
 """Compile every Triton kernel, as its wrapper launches it at the Qwen3.8-27B shapes, for sm_86 (RTX 3090) and
-sm_90 (H100/H200) on a machine without a GPU: `python -m tests.aot_compile`.
+sm_90 (H100/H200) on a machine without a GPU: `python -m tools.aot_compile`.
 
 The interpreter runs the kernels' logic on the CPU but never compiles them, so it misses what only the compiler
 sees: type errors in code paths it takes differently, and launches that need more shared memory than the card has
@@ -36,6 +36,7 @@ from kernels.int8_linear import int8_linear
 from kernels.kv_write import write_kv
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.sampler import SamplingTensors, rejection_sample, sample
+from layers.config import qwen38_27b
 from layers.quant import Int4Weight, Int8Weight
 
 # per target: SMs, shared memory a CTA may hold, and an SM's (the launch tables' residency: kernels/device.smem_per_sm)
@@ -44,9 +45,10 @@ POINTER = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp3
            torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8", torch.bool: "*i1",
            torch.float8_e4m3fn: "*fp8e4nv"}
 OPTIONS = ("num_warps", "num_stages", "launch_pdl", "maxnreg")
-H, V, I = 5120, 248320, 17408                      # hidden, vocabulary, MLP width
-HQ, HKV, D = 24, 4, 256                            # gated attention
-HK, HV, DK = 16, 48, 128                           # GDN
+CFG = qwen38_27b()
+H, V, I = CFG.hidden_size, CFG.vocab_size, CFG.intermediate_size                            # hidden, vocabulary, MLP
+HQ, HKV, D = CFG.num_attention_heads, CFG.num_key_value_heads, CFG.head_dim                 # gated attention
+HK, HV, DK = CFG.linear_num_key_heads, CFG.linear_num_value_heads, CFG.linear_key_head_dim  # GDN
 B, T = 4, 5                                        # a batch bucket of 4 sequences verifying k = 4 drafts
 
 
@@ -57,7 +59,7 @@ def empty(*shape, dtype=torch.bfloat16):
 def launches():
     """Call every wrapper once per configuration the engine uses; yields a label per call."""
     rows_m = (1, B * T, 320)                        # decode, a verify bucket, 64 sequences × 5 tokens
-    for n, k in ((16384, H), (H, 6144), (14336, H), (34816, H), (H, I)):
+    for n, k in CFG.linear_shapes.values():
         w = Int4Weight(empty(k // 128, n, 16, dtype=torch.int32), empty(k // 128, n, dtype=torch.float16))
         for m in rows_m:
             int4_linear.int4_linear(empty(m, k), w)
