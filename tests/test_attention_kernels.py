@@ -208,6 +208,15 @@ def test_choose_nseg():
     assert choose_nseg(16, 4, 82) == 2 and choose_nseg(512, 4, 82) == 1
 
 
+def test_verify_config():
+    """Off sm_90 the Triton kernel takes every call; q_max sizes a decode step's rows as its verify step's."""
+    q, kc, vc, *_ = setup(2, 1, 24, 4, 32, [9, 9], True, vt=True)
+    cfg = verify_config(q, kc, vc)
+    assert isinstance(cfg, verify.Config) and cfg.block_m == 16 and cfg.kv_fmt == KV_FP8_BITS
+    assert verify_config(q, kc, vc, q_max=5) == verify.config(q[:, [0] * 5], kc) != cfg
+    assert verify_gluon.config(q, kc, q_max=5) == verify_gluon.Config(32) == verify_gluon.config(q[:, [0] * 5], kc)
+
+
 # ---- GPU, 27B shapes -------------------------------------------------------------------------------------
 
 @pytest.mark.gpu

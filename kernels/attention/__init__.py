@@ -1,5 +1,5 @@
-"""Attention over the KV cache (kv_write.py): verify/decode, prefill, the KV writer. verify_config chooses the
-verify variant: verify_gluon.py (sm_90, native fp8) or verify.py (Triton) elsewhere; a Config as `cfg` forces one."""
+"""Attention over the KV cache (kv_write.py). verify_config picks the verify variant, verify_gluon.py or verify.py;
+a Config as `cfg` forces one."""
 from kernels.attention import prefill, verify, verify_gluon
 from kernels.attention.common import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, combine,
                                       combine_block_d, kv_format)
@@ -12,8 +12,8 @@ __all__ = ["verify_attention", "prefill_attention", "verify_config", "write_kv",
 
 
 def verify_config(q, k_cache, v_cache, kv_fmt=None, q_max=None):
-    """A verify_gluon.Config where that kernel takes the call, else a verify.Config. q_max: rows for q_max tokens
-    a sequence; a decode step whose rows must be bitwise a verify step's passes the verify's q_len (or its Config)."""
+    """verify_gluon's Config where it runs, else verify's. q_max: a decode step whose rows must be bitwise a
+    verify step's passes the verify's q_len (or reuses its Config)."""
     fmt = kv_format(k_cache) if kv_fmt is None else kv_fmt
     cfg = verify_gluon.config(q, k_cache, q_max)
     if verify_gluon.supports(q, k_cache, v_cache, fmt, cfg.rows):
@@ -44,7 +44,6 @@ def verify_attention(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens,
 
 
 def prefill_attention(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, cfg=None):
-    """Causal prefill: q, out [B, T, Hq, D], token t of row b at position kv_lens[b] - T + t; the rest as
-    verify_attention's. cfg: None (prefill.config) or a verify.Config."""
+    """Causal prefill, q, out [B, T, Hq, D]: the arguments as verify_attention's; cfg a verify.Config."""
     prefill.launch(q, k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, out, cfg or prefill.config(q, k_cache))
     return out

@@ -1,5 +1,4 @@
-"""fp8 e4m3 (`float8_e4m3fn`) by integer bit operations, for GPUs without a native conversion (sm_86):
-e4m3_decode / e4m3_encode inside kernels, decode_e4m3 / encode_e4m3 over whole tensors."""
+"""fp8 e4m3 (`float8_e4m3fn`) by integer bit operations, for GPUs without a native conversion (sm_86)."""
 import torch
 import triton
 import triton.language as tl

@@ -55,16 +55,14 @@ def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows_ptr, len
 
 
 def kv_cache(num_slots: int, num_kv_heads: int, max_len: int, head_dim: int, dtype, device):
-    """A zeroed (k_cache, v_cache) pair [num_slots, Hkv, max_len, D] of dtype (uint8 or bf16), V keys-fastest.
-    Allocate before any graph capture."""
+    """A zeroed (k_cache, v_cache) pair of dtype (uint8 or bf16), V keys-fastest. Allocate before any capture."""
     k = torch.zeros(num_slots, num_kv_heads, max_len, head_dim, dtype=dtype, device=device)
     v = torch.zeros(num_slots, num_kv_heads, head_dim, max_len, dtype=dtype, device=device).transpose(2, 3)
     return k, v
 
 
 def cache_args(k_cache, v_cache, k_scale, v_scale, cache_rows, kv_lens, hkv: int, head_dim: int):
-    """Checked kernel arguments: (k cache, v cache, k scale, v scale, cache rows, kv lens) with fp8 caches as
-    uint8 and placeholder scales for bf16; the cache strides (k [3], v [4]); whether fp8."""
+    """Checked kernel arguments (fp8 caches as uint8, placeholder scales for bf16), cache strides, whether fp8."""
     assert v_cache.shape == k_cache.shape and k_cache.stride(-1) == 1, "caches: same shape, K head dim contiguous"
     assert k_cache.shape[1] == hkv and k_cache.shape[3] == head_dim, f"caches: shape {tuple(k_cache.shape)}"
     fp8 = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)
