@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.device import check_dense, load_slot, pdl_args, pdl_wait
 from kernels.attention.fp8 import e4m3_encode
+from kernels.device import check_dense, load_slot, pdl_args, pdl_wait
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """Causal prefill attention: verify.py's kernel with one KV segment and several row tiles."""
+import kernels.attention.verify as verify
 from kernels import device as gpu
-from kernels.attention import verify
 
 
 def config(q, k_cache, kv_fmt=None) -> verify.Config:

@@ -12,9 +12,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from kernels import device as gpu
-from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 from kernels.attention.common import KV_FP8_NATIVE, NEG, split_args
 from kernels.attention.kv_write import cache_args, load_kv_len
+from kernels.gluon_pdl import gdc_launch_dependents, gdc_wait
 
 BLOCK_N = gl.constexpr(64)     # keys a tile: one wgmma M
 
