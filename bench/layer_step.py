@@ -22,13 +22,12 @@ import torch
 from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
 from bench.kernels_int4 import random_int4
 from kernels import device as gpu, fixed_sum
-from kernels.attention_verify import alloc_partials, choose_nseg, verify_attention
+from kernels.attention import alloc_partials, choose_nseg, kv_cache, verify_attention
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_common import state_pool
 from kernels.gdn_recurrent import gdn_verify
 from kernels.int4_gemv import MAX_ROWS
 from kernels.int4_linear import int4_linear
-from kernels.kv_write import kv_cache
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from layers.config import ModelConfig, qwen38_27b
 from layers.model import rope_tables

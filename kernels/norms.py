@@ -24,7 +24,7 @@ import triton.language as tl
 
 from kernels import fixed_sum
 from kernels.device import check_dense, filling_tile, pdl_args, pdl_wait
-from kernels.kv_write import cache_args, store_token
+from kernels.attention.kv_write import cache_args, store_token
 from layers.model import apply_rope, gated_rms_norm, rms_norm_1p
 
 

@@ -7,7 +7,7 @@ import torch
 from kernels import norms as N
 from kernels.conv1d import causal_conv1d
 from kernels.fixed_sum import FRAC, to_bf16_ref
-from kernels.kv_write import kv_cache
+from kernels.attention import kv_cache
 from layers.model import rope_tables
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels import norms as N
-from kernels.kv_write import kv_cache, write_kv
+from kernels.attention import kv_cache, write_kv
 from layers.model import rope_tables
 from layers.quant import a8_permute
 

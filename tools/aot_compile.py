@@ -21,8 +21,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import JITFunction, mangle_type
 
-import kernels.attention_prefill as attention_prefill
-import kernels.attention_verify as attention_verify
+import kernels.attention as attention
 import kernels.device as gpu
 import kernels.int4_gemv as int4_gemv
 import kernels.int4_wgmma as int4_wgmma
@@ -33,7 +32,6 @@ from kernels.gdn_chunked import gdn_prefill
 from kernels.gdn_recurrent import gdn_verify
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import int8_linear
-from kernels.kv_write import write_kv
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.sampler import SamplingTensors, rejection_sample, sample
 from layers.config import qwen38_27b
@@ -91,17 +89,18 @@ def launches():
     scale = empty(HKV, dtype=torch.float32)
     for cache_dtype in (torch.uint8, torch.bfloat16):
         kc, vc = empty(B, HKV, 4096, D, dtype=cache_dtype), empty(B, HKV, D, 4096, dtype=cache_dtype).transpose(2, 3)
-        fmts = (attention_verify.KV_BF16,) if cache_dtype == torch.bfloat16 else \
-            (attention_verify.KV_FP8_BITS, attention_verify.KV_FP8_NATIVE)
+        fmts = (attention.KV_BF16,) if cache_dtype == torch.bfloat16 else \
+            (attention.KV_FP8_BITS,) + ((attention.KV_FP8_NATIVE,) if gpu.capability("meta") >= (8, 9) else ())
         for fmt in fmts:
             q = empty(B, T, HQ, D)
             for nseg in (1, 16):                                     # the output written by attend / combine
-                attention_verify.verify_attention(q, kc, vc, scale, scale, rows, lens, empty(B, T, HQ, D),
-                                                  attention_verify.alloc_partials(B, HQ, 8, 16, D, "meta"), nseg,
-                                                  gate=empty(B, T, HQ, D), kv_fmt=fmt)
-            attention_prefill.prefill_attention(empty(1, 512, HQ, D), kc, vc, scale, scale, rows[:1], lens[:1],
-                                                empty(1, 512, HQ, D), kv_fmt=fmt)
-        write_kv(empty(B, T, HKV, D), empty(B, T, HKV, D), kc, vc, scale, scale, rows, lens)
+                attention.verify_attention(q, kc, vc, scale, scale, rows, lens, empty(B, T, HQ, D),
+                                           attention.alloc_partials(B, HQ, 8, 16, D, "meta"), nseg,
+                                           gate=empty(B, T, HQ, D), cfg=attention.verify_config(q, kc, vc, fmt))
+            qp = empty(1, 512, HQ, D)
+            attention.prefill_attention(qp, kc, vc, scale, scale, rows[:1], lens[:1], empty(1, 512, HQ, D),
+                                        cfg=attention.prefill.config(qp, kc, fmt))
+        attention.write_kv(empty(B, T, HKV, D), empty(B, T, HKV, D), kc, vc, scale, scale, rows, lens)
     yield "attention verify + prefill + kv write"
     conv_dim = 2 * HK * DK + HV * DK
     for state_dtype, dk_fastest in itertools.product((torch.float16, torch.float32), (False, True)):
@@ -238,8 +237,6 @@ def main():
                     if key in seen:
                         continue
                     seen.add(key)
-                    if arch < 89 and constants.get("KV_FMT") == attention_verify.KV_FP8_NATIVE:
-                        continue                                   # the native fp8 path is for sm_89+ only
                     try:
                         source = (GluonASTSource if fn.is_gluon() else ASTSource)(fn, sig, constexprs=constants,
                                                                                   attrs=attrs)
