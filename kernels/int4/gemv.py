@@ -308,7 +308,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     sp = gl.arange(0, SP, layout=s_copy)
     s_ptrs = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + sp
 
-    # A ring of STAGES groups (STAGES - 1 in flight); the prefetch past the range's end reloads its last unit.
+    # the prefetch past the range's end reloads its last unit
     ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 4, 4], ring_layout)
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])   # of one stage
     s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, 2 * SP], flat)
@@ -362,10 +362,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
     async_copy.wait_group(0)
 
 
-# Per row bucket (upper bound inclusive), from H200 sweeps (bench.kernels_int4 --sweep): columns per CTA, warps,
-# stages, CTAs per SM (one wave; maxnreg fits them), marks (flush_marked, else flush_tile), spread (token t in
-# column 2t), and a `short` launch below SHORT_UNITS units a program.
-SHORT_UNITS = 6             # work units a program below which a bucket takes its `short` launch
+# Per row bucket (upper bound inclusive; H200 sweeps, bench.kernels_int4 --sweep): Config's fields, and a `short`
+# launch below SHORT_UNITS work units a program
+SHORT_UNITS = 6
 ROW_BUCKETS = ((2, dict(block_n=128, warps=2, stages=2, ctas_per_sm=8, marks=True, spread=True)),
                (8, dict(block_n=128, warps=2, stages=2, ctas_per_sm=6, marks=True)),
                (16, dict(block_n=128, warps=2, stages=2, ctas_per_sm=4, marks=False,
@@ -387,7 +386,7 @@ class Config:
 
 
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
-    """CUDA (or meta: tools compiling offline) sm_80+, ≤ MAX_ROWS rows, symmetric weights, group 128."""
+    """CUDA (or meta, offline) sm_80+, ≤ MAX_ROWS rows, symmetric weights, group 128."""
     return ((x.is_cuda or x.is_meta) and gpu.capability(x.device) >= (8, 0) and x.numel() // x.shape[-1] <= MAX_ROWS
             and w.zs is None and w.group == GROUP and x.dtype in (torch.bfloat16, torch.float16)
             and x.stride(-1) == 1)

@@ -2,8 +2,8 @@
 CPU interpreter's: out = x @ Wᵀ, W in the mma layout (layers/quant.py), K a multiple of 128, N of 8. Activations
 are gathered into slot order (slot_index) so unpacked codes meet them in registers. Forms: CODES — exact codes as
 B, each group's partial scaled once; WEIGHTS_A — weights scaled to x's dtype as wgmma's register A operand;
-NATURAL — codes in k order as B (Hopper W4A16 beyond 64 rows). W4A8 sums groups exactly in int32. Split-K is
-reduced in the launch (splitk.store_tile). Notes: docs/notes/int4.md."""
+NATURAL — codes in k order as B. W4A8 sums groups exactly in int32. Split-K reduced in the launch.
+Notes: docs/notes/int4.md."""
 import functools
 from dataclasses import dataclass
 

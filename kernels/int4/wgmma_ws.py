@@ -1,10 +1,9 @@
 """Warp-specialised int4 GEMM on Hopper (Gluon wgmma), 25+ rows (W4A8 65+): out = x @ Wᵀ, W in the mma layout.
 A TMA loader warp fills a ring of stages (words, scales, activations [BM + BM2, 128]); two consumer warpgroups
 (64 columns each) unpack the weights into the wgmma's register operand ((q − 8)·s in x's dtype), issue the mma
-and release the stage. OVERLAP: a group's mma runs while the next is unpacked (_hold). The (tile, group) units
-are cut into one range per program; split tiles are summed in program order (bits independent of arrival).
-`plan` picks tile and cut. W4A8: codes − 8 times int8 activations (in layers.quant.a8_permute's order) summed in
-int32, scaled in fp32. H200, 320 rows: 0.94-1.22x cuBLAS bf16 (W4A8 1.05-1.50x). Notes: docs/notes/int4.md."""
+and release the stage; with OVERLAP while unpacking the next group. One range of (tile, group) units a program;
+split tiles summed in program order. W4A8: codes − 8 times int8 activations, summed in int32, scaled in fp32.
+H200, 320 rows: 0.94-1.22x cuBLAS bf16 (W4A8 1.05-1.50x). Notes: docs/notes/int4.md."""
 import functools
 from dataclasses import dataclass
 
@@ -30,14 +29,14 @@ WHOLE_ONLY = 64                         # BM2 from which tiles are only taken wh
 TILE_COST = 20                          # tokens: a group's cost beyond its tokens
 STAGES = 4
 A8_RANGE_STAGES = 5
-SMEM = 232448                           # bytes of shared memory a CTA may hold on sm_90
+SMEM = 232448                           # bytes a CTA may hold on sm_90
 MAX_SPLITS = 4                          # pieces a tile is cut into
 STREAM_K_COST = 3000                    # group·tokens (~17 µs on the H200)
 SMALL_STREAM_K_COST = 1000
 MIN_ROWS = MAX_ROWS + 1
 A8_MIN_ROWS = 65
 PIECES = "stream-K pieces"               # this kernel's workspace (any contents) and counters
-MAXNREG = 168                           # setmaxnreg then gives consumers 232, the loader 40
+MAXNREG = 168
 
 
 def layouts(bn: int, bm: int, warps: int, bits: int = 16):
