@@ -26,8 +26,7 @@ from kernels.attention import alloc_partials, choose_nseg, kv_cache, verify_atte
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_common import state_pool
 from kernels.gdn_recurrent import gdn_verify
-from kernels.int4_gemv import MAX_ROWS
-from kernels.int4_linear import int4_linear
+from kernels.int4 import MAX_ROWS, int4_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from layers.config import ModelConfig, qwen38_27b
 from layers.model import rope_tables

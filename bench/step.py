@@ -24,7 +24,7 @@ from bench.kernels_int4 import random_int4
 from bench.kernels_int8 import lm_head_bytes, random_int8
 from bench.kernels_sampler import QWEN, params_for
 from bench.layer_step import Layer
-from kernels.int4_linear import int4_linear
+from kernels.int4 import int4_linear
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import int8_linear
 from kernels.norms import add_rmsnorm

@@ -23,13 +23,10 @@ from triton.runtime.jit import JITFunction, mangle_type
 
 import kernels.attention as attention
 import kernels.device as gpu
-import kernels.int4_gemv as int4_gemv
-import kernels.int4_wgmma as int4_wgmma
-import kernels.int4_wgmma_ws as int4_wgmma_ws
-import kernels.int4_linear as int4_linear
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import gdn_prefill
 from kernels.gdn_recurrent import gdn_verify
+from kernels.int4 import gemv, int4_linear, mma, w4a8_linear, wgmma_ws
 from kernels.int8_embedding import int8_embedding
 from kernels.int8_linear import int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
@@ -59,26 +56,34 @@ def launches():
     rows_m = (1, B * T, 320)                        # decode, a verify bucket, 64 sequences × 5 tokens
     for n, k in CFG.linear_shapes.values():
         w = Int4Weight(empty(k // 128, n, 16, dtype=torch.int32), empty(k // 128, n, dtype=torch.float16))
-        for m in rows_m:
-            int4_linear.int4_linear(empty(m, k), w)
-        for m in (1, 2, 5, 16, 20):                 # the GPU's path for these (int4_linear picks it on CUDA only)
-            int4_gemv.int4_gemv(empty(m, k), w, empty(m, n))
-            int4_gemv.int4_gemv(empty(m, k), w, empty(m, n, dtype=torch.int64))     # deferred sums
+        dev = torch.device("meta")
+        for m in rows_m:                            # the Triton kernel (the sm_8x and interpreter path)
+            mma.launch(empty(m, k), w, empty(m, n), mma.config(m, n, k, dev))
+        for m in (1, 2, 5, 16, 20):                 # the GEMV
+            gemv.launch(empty(m, k), w, empty(m, n), gemv.config(m, n, k, dev))
+            gemv.launch(empty(m, k), w, empty(m, n, dtype=torch.int64), gemv.config(m, n, k, dev))    # deferred sums
+        for m in rows_m:                            # as the dispatcher picks
+            int4_linear(empty(m, k), w)
         if gpu.capability("meta") >= (9, 0):
-            for m in (B * T, 320):                  # and on sm_90 for these
-                int4_wgmma.int4_wgmma(empty(m, k), w, empty(m, n))
-            for tile in int4_wgmma_ws.TOKEN_TILES:  # the warp-specialised form's tiles, overlap or not: the
-                whole = tile[1] >= int4_wgmma_ws.WHOLE_ONLY     # smaller cut in ranges, the larger whole
+            for tile in wgmma_ws.TOKEN_TILES:       # the warp-specialised form's tiles, overlap or not: the
+                whole = tile[1] >= wgmma_ws.WHOLE_ONLY      # smaller cut in ranges, the larger whole
                 m, programs = (sum(tile), -(-n // 128)) if whole else (320, 132)
+                cut = dict(bm=tile[0], bm2=tile[1], programs=programs)
                 for overlap in (True, False):
-                    int4_wgmma_ws.int4_wgmma_ws(empty(m, k), w, empty(m, n), tile + (programs,), overlap=overlap)
-                if tile != int4_wgmma_ws.TOKEN_TILES[-1]:      # W4A8 (launch never takes it the 256-token tile)
-                    int4_wgmma_ws.int4_wgmma_ws(empty(m, k, dtype=torch.int8), w, empty(m, n), tile + (programs,),
-                                                x_scale=empty(m, dtype=torch.float32))
-            for tile in int4_wgmma_ws.SMALL_TILES:  # 25-64 rows: whole tiles and stream-K ranges
+                    cfg = wgmma_ws.config(m, n, k, dev, overlap=overlap, **cut)
+                    wgmma_ws.launch(empty(m, k), w, empty(m, n), cfg)
+                if tile != wgmma_ws.TOKEN_TILES[-1]:        # W4A8 (plan never takes it the 256-token tile)
+                    cfg = wgmma_ws.config(m, n, k, dev, a8=True, **cut)
+                    wgmma_ws.launch(empty(m, k, dtype=torch.int8), w, empty(m, n), cfg,
+                                    x_scale=empty(m, dtype=torch.float32))
+            for tile in wgmma_ws.SMALL_TILES:       # 25-64 rows: whole tiles and stream-K ranges
                 for programs in (-(-n // 128), 132):
-                    int4_wgmma_ws.int4_wgmma_ws(empty(tile[0], k), w, empty(tile[0], n), tile + (programs,))
-        int4_linear.w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
+                    m = tile[0]
+                    wgmma_ws.launch(empty(m, k), w, empty(m, n),
+                                    wgmma_ws.config(m, n, k, dev, bm=tile[0], bm2=tile[1], programs=programs))
+        w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
+        mma.launch(empty(320, k, dtype=torch.int8), w, empty(320, n), mma.config(320, n, k, dev, a8=True),
+                   x_scale=empty(320, dtype=torch.float32))
         yield f"int4 {n}x{k}"
     head = Int8Weight(empty(V, H, dtype=torch.int8), empty(V, dtype=torch.float16))
     for m in rows_m:
