@@ -325,7 +325,10 @@ class Qwen35Model(nn.Module):
     def __init__(self, cfg: ModelConfig, with_mtp: bool = True):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # weight given, so nn.Embedding skips its random init (a normal_ that, on the meta device the loader
+        # builds on, imports torch._dynamo: ~1.4 s); the loader or the demo's init_weights fills it
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList([DecoderLayer(cfg, lt) for lt in cfg.layer_types])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:

@@ -165,6 +165,7 @@ def test_verify_attention(B, q_len, hq, hkv, D, lens, nseg, fp8, block_n):
 
 
 @pytest.mark.parametrize("fp8,nseg", [(True, 3), (False, 3)])
+@pytest.mark.slow
 def test_verify_rows_are_width_invariant(fp8, nseg):
     """A token decoded alone (q_len 1, kv_len L + 1) and the same token first in a 5-token verify (kv_len L + 5) get
     bitwise the same output from the same Config (segments hold tiles at absolute positions)."""

@@ -190,6 +190,7 @@ def test_rejection_of_draft_ids_outside_the_vocabulary():
     assert ((out >= 0) & (out < V) | (out == -1)).all()
 
 
+@pytest.mark.slow
 def test_sample_nan_logits_names_a_token():
     V = 3000                                                   # a last block half padding
     logits = torch.randn(4, V)

@@ -16,6 +16,17 @@ def test_27b_plan_matches_the_reference_budget():
     assert p.max_tokens(24 * 2**30, 64) < p.max_tokens(24 * 2**30, 1)
 
 
+def test_context_is_capped_at_the_models_limit(capsys):
+    """The demo model (max_position_embeddings 8192) was planned 30 million tokens of context at one sequence."""
+    from engine.engine import DEMO_MODEL
+    cfg = ModelConfig.from_dir(DEMO_MODEL)
+    p = plan(cfg, load_profile("rtx3090"))
+    assert p.max_tokens(24 * 2**30, 1) == cfg.max_position_embeddings == 8192
+    assert plan(ModelConfig.from_dict(QWEN38_27B), load_profile("rtx3090")).max_tokens(24 * 2**30, 64) < 8192
+    assert main([]) == 0
+    assert "| 1 | 8,192 (max_position_embeddings) |" in capsys.readouterr().out
+
+
 def test_capture_reports_errors(capsys):
     assert main(["--model", "/nonexistent"]) == 2
     assert "config.json: not found" in capsys.readouterr().err

@@ -104,6 +104,7 @@ PARAMS = [  # (temperature, top_k, top_p): greedy, untruncated, each filter alon
     (SMALL, torch.bfloat16),                                                     # levels narrow, then sort
     (S.Config(block=64, pivots=8, group=4, cap=4, levels=1), torch.bfloat16),    # overflow -> bisection
 ])
+@pytest.mark.slow
 def test_support_descriptor_and_paths(cfg, dtype):
     R, V = len(PARAMS), 120
     t, k, p = zip(*PARAMS)
@@ -115,6 +116,7 @@ def test_support_descriptor_and_paths(cfg, dtype):
         assert "cand" in seen, seen
 
 
+@pytest.mark.slow
 def test_top_k_bound_from_block_maxima():
     """Level 0 counts top-k rows only from the first pivot that k block maxima reach: exact whether the top values
     are spread over many blocks or packed into one (its maxima bound nothing then), and with k above the blocks."""
@@ -183,6 +185,7 @@ def extreme_rows(V, dtype):
     return torch.stack(logits).to(dtype).to(DEV), S.SamplingTensors.of(list(t), list(k), list(p), DEV)
 
 
+@pytest.mark.slow
 def test_inf_nan_and_overflowing_logits():
     """Kernel and reference read a logit alike: +inf (and a finite x overflowing under 1/T) saturates at FLT_MAX and
     ties at the top with its like (no inf − inf), NaN counts as −inf, and a row of no logit above −inf keeps nothing
@@ -193,6 +196,7 @@ def test_inf_nan_and_overflowing_logits():
     assert ref.next_token(logits.cpu()[greedy], ref.SamplingParams(0.0), None).tolist() == [10, 100, 7, 8, 3, 0]
 
 
+@pytest.mark.slow
 def test_inf_logits_share_the_mass_chi2():
     """The +inf logits of a row, and at T 0.5 the finite one that overflows, are drawn uniformly; the rest never."""
     V, R = 8, 96
@@ -219,6 +223,7 @@ def test_greedy_first_argmax_and_equal_logits():
     assert ids.tolist()[:3] == [0, 7, 150] and ids[3].item() == V - 1
 
 
+@pytest.mark.slow
 def test_race_distribution_chi2():
     """Identical rows, independent draws: the empirical distribution matches the processed one."""
     V, R = 8, 96
@@ -327,6 +332,7 @@ def emitted_match_target(target, out, n, params, tol_rows=10):
         chi2_ok(torch.bincount(out[rows, j].long(), minlength=target.shape[-1]), probs)
 
 
+@pytest.mark.slow
 def test_rejection_emits_target_distribution():
     """Identical sequences: each emitted position is distributed as the target row, whatever the drafts were.
     The draft head knows tokens 1..4 only (reduced vocabulary): the others come from the residual alone."""
@@ -465,6 +471,7 @@ def test_rejection_reads_inf_and_empty_rows():
     assert torch.equal(accepted + 1, n.cpu().long()) and torch.equal(nxt, out.cpu().long()[torch.arange(B), accepted])
 
 
+@pytest.mark.slow
 def test_rejection_with_inf_logits_emits_target_distribution():
     """Target rows tie two +inf tokens, the draft row has one of them: the draft is accepted with Σ min(p, q) = 1/2,
     and every emitted position follows its target row."""
