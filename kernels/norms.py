@@ -90,11 +90,26 @@ def _a8_pos(k, A8: tl.constexpr):
 
 
 @triton.jit
-def _int8_store(q_ptr, y, s, mask):
+def _int8_codes(y, s):
     """round-half-even(y / s) via the 1.5·2^23 shift (exact for |v| < 2^22), no libdevice needed."""
     v = tl.div_rn(y, s)
     v = (v + 12582912.0) - 12582912.0
-    tl.store(q_ptr, tl.minimum(tl.maximum(v, -127.0), 127.0).to(tl.int8), mask=mask)
+    return tl.minimum(tl.maximum(v, -127.0), 127.0).to(tl.int8)
+
+
+@triton.jit
+def _int8_store(q_ptr, y, s, mask):
+    tl.store(q_ptr, _int8_codes(y, s), mask=mask)
+
+
+@triton.jit
+def _a8_codes(y, s):
+    """_int8_codes in the W4A8 operand order (_a8_pos) within each 32 elements of the flattened tile (its rows whole
+    32-column blocks), permuted in registers: the store stays contiguous. A scattered store (_a8_pos) made the compiler
+    lay the whole kernel out otherwise, and so sum the row's squares in another order: y and q then differed from the
+    natural order's in the last bit."""
+    c = _int8_codes(y, s)
+    return tl.reshape(tl.permute(tl.reshape(c, [c.numel // 32, 2, 2, 4, 2]), (0, 2, 3, 4, 1)), c.shape)
 
 
 @triton.jit
@@ -120,7 +135,10 @@ def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, H, ep
     if QUANT:
         s = _int8_scale(tl.max(tl.abs(y), 0))
         tl.store(s_ptr + t, s)
-        _int8_store(q_ptr + t * H + _a8_pos(d, A8), y, s, m)
+        if A8:
+            tl.store(q_ptr + t * H + d, _a8_codes(y, s), mask=m)
+        else:
+            _int8_store(q_ptr + t * H + d, y, s, m)
 
 
 @triton.jit
@@ -154,7 +172,10 @@ def _gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr, c_ptr, NH, D
     if QUANT:
         s = _int8_scale(tl.max(tl.max(tl.abs(y), 1), 0))
         tl.store(s_ptr + t, s)
-        _int8_store(q_ptr + t * NH * D + _a8_pos(hh * D + d, A8), y, s, m)
+        if A8:
+            tl.store(q_ptr + t * NH * D + hh * D + d, _a8_codes(y, s), mask=m)
+        else:
+            _int8_store(q_ptr + t * NH * D + hh * D + d, y, s, m)
 
 
 @triton.jit
@@ -265,8 +286,9 @@ def _buf(t, shape, dtype, device):
 
 
 def _check_a8_order(a8_order, quant, width):
-    """a8_order (the W4A8 operand's k order) permutes int8 codes within blocks of 32 columns: quant, whole blocks."""
-    assert not a8_order or (quant and width % 32 == 0), "a8_order: int8 output, rows of whole 32-column blocks"
+    """a8_order (the W4A8 operand's k order) permutes int8 codes within blocks of 32 columns: quant, whole blocks
+    (rows of add_rmsnorm and silu_mul, heads of gated_rmsnorm)."""
+    assert not a8_order or (quant and width % 32 == 0), "a8_order: int8 output, whole 32-column blocks"
 
 
 def add_rmsnorm(x, residual, w, eps, quant=False, h=None, y=None, q=None, s=None, a8_order=False):
@@ -307,7 +329,7 @@ def gated_rmsnorm(x, z, w, eps, quant=False, y=None, q=None, s=None, clear=None,
     assert x.is_contiguous() and z.shape == x.shape and z.stride(2) == 1 and z.stride(1) == D
     assert clear is None or (fixed_sum.deferred(clear) and clear.shape[0] == T and clear.stride(1) == 1)
     check_dense("gated_rmsnorm", w=w, y=y, q=q, s=s)
-    _check_a8_order(a8_order, quant, NH * D)
+    _check_a8_order(a8_order, quant, D)
     y = _buf(y, (T, NH, D), x.dtype, x.device)
     q, s = (_buf(q, (T, NH * D), torch.int8, x.device), _buf(s, (T,), torch.float32, x.device)) if quant else (y, w)
     c, nc = (clear, clear.shape[1]) if clear is not None else (z, 0)
