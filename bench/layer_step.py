@@ -32,7 +32,7 @@ from kernels.int4_gemv import MAX_ROWS
 from kernels.int4_linear import int4_linear
 from kernels.kv_write import kv_cache
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
-from layers.model import rope_tables
+from kernels.norms.ref import rope_tables
 from layers.quant import concat_outputs
 
 

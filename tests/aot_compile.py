@@ -31,8 +31,7 @@ import kernels.int4_linear as int4_linear
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import gdn_prefill
 from kernels.gdn_recurrent import gdn_verify
-from kernels.int8_embedding import int8_embedding
-from kernels.int8_linear import int8_linear
+from kernels.int8 import int8_embedding, int8_linear
 from kernels.kv_write import write_kv
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.sampler import SamplingTensors, rejection_sample, sample
