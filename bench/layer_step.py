@@ -28,8 +28,8 @@ from kernels.gdn_common import state_pool
 from kernels.gdn_recurrent import gdn_verify
 from kernels.int4 import MAX_ROWS, int4_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
+from kernels.norms.ref import rope_tables
 from layers.config import ModelConfig, qwen38_27b
-from layers.model import rope_tables
 from layers.quant import concat_outputs
 from tools.targets import int4_bytes
 

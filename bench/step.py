@@ -25,8 +25,7 @@ from bench.kernels_int8 import lm_head_bytes, random_int8
 from bench.kernels_sampler import QWEN, params_for
 from bench.layer_step import Layer
 from kernels.int4 import int4_linear
-from kernels.int8_embedding import int8_embedding
-from kernels.int8_linear import int8_linear
+from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm
 from kernels.sampler import (RejectionWorkspace, SamplerWorkspace, rejection_sample, sample, sample_drafts,
                              target_to_draft)

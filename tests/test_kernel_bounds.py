@@ -12,7 +12,7 @@ from kernels.attention import alloc_partials, prefill_attention, verify, verify_
 from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import gdn_prefill
 from kernels.gdn_recurrent import gdn_verify
-from kernels.int8_embedding import int8_embedding
+from kernels.int8 import int8_embedding
 from kernels.norms import qk_norm_rope
 from kernels.sampler import RejectionWorkspace, SamplingTensors, rejection_sample, sample
 from layers.quant import quantize_int8_rows

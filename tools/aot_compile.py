@@ -27,8 +27,7 @@ from kernels.conv1d import causal_conv1d
 from kernels.gdn_chunked import gdn_prefill
 from kernels.gdn_recurrent import gdn_verify
 from kernels.int4 import gemv, int4_linear, mma, w4a8_linear, wgmma_ws
-from kernels.int8_embedding import int8_embedding
-from kernels.int8_linear import int8_linear
+from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.sampler import SamplingTensors, rejection_sample, sample
 from layers.config import qwen38_27b
