@@ -29,7 +29,8 @@ def main(argv=None):
           f"KV {p.kv_bytes_per_token / 2**10:.1f} KiB/token ({profile['kv_dtype']})")
     print("| batch | context tokens per sequence |\n|---|---|")
     for b in profile["batch_buckets"]:
-        print(f"| {b} | {p.max_tokens(memory, b):,} |")
+        tokens = p.max_tokens(memory, b)
+        print(f"| {b} | {tokens:,}{' (max_position_embeddings)' if tokens == p.max_context else ''} |")
     print("graph capture: not available yet (the plan above is what it will allocate)")
     return 0
 

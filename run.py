@@ -9,7 +9,7 @@ import math
 import re
 import sys
 
-from graphs.plan import MAX_SPEC_K
+from layers.config import MAX_SPEC_K
 
 EXIT_USAGE = 2
 
@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="checkpoint directory (default: the demo model)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--dtype", default="float32", help="weight/activation dtype (default float32)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: 1 for models under 100M parameters unless "
+                   "OMP_NUM_THREADS is set, else torch's default)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--prompt", action="append", help="prompt text; repeat for several prompts")
     mode.add_argument("--interactive", action="store_true", help="multi-turn chat on the terminal")
@@ -58,6 +60,8 @@ def _check_args(p: argparse.ArgumentParser, args):
         p.error("--model must name a checkpoint directory")
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         p.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads must be >= 1, got {args.threads}")
     if args.max_new_tokens < 1:
         p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not 0 <= args.spec_k <= MAX_SPEC_K:
@@ -169,7 +173,8 @@ def main(argv=None) -> int:
         from engine.engine import Engine
         from engine.repl import run_repl
         try:
-            engine = Engine.load(args.model, device=args.device, dtype=args.dtype, spec_k=args.spec_k)
+            engine = Engine.load(args.model, device=args.device, dtype=args.dtype, spec_k=args.spec_k,
+                               threads=args.threads)
         except (ValueError, OSError) as e:   # FileNotFoundError included: a wrong --model is a user error
             return _user_error(e)
         sampling = _sampling(args, engine.defaults)

@@ -1,4 +1,4 @@
-"""Evaluate the demo model on the held-out test split (bench.demo.corpus): perplexity, MTP acceptance, CPU speed.
+"""Evaluate the demo model on the held-out test split (tools.demo.corpus): perplexity, MTP acceptance, CPU speed.
 
     python -m bench.eval_demo [--model models/demo] [--prompts 20] [--new-tokens 96]
 
@@ -22,12 +22,12 @@ import time
 import tokenizers
 import torch
 
-from bench.demo import corpus
 from bench.harness import RESULTS
 from engine.generate import Generator
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer, load_generation_defaults
 from layers.checkpoint import load_model
+from tools.demo import corpus
 
 KS = range(0, 7)
 
@@ -100,12 +100,12 @@ def markdown(res):
     s = res["setup"]
     lines = [
         "# Demo model: held-out quality and MTP acceptance", "",
-        f"Model `{s['model']}` ({s['params'] / 1e6:.2f} M parameters incl. MTP; trained by `python -m bench.train_demo "
+        f"Model `{s['model']}` ({s['params'] / 1e6:.2f} M parameters incl. MTP; trained by `python -m tools.demo.train "
         f"--device cuda --minutes 7`: {s['train']['steps']} steps x {s['train']['batch']} x {s['train']['seq']} "
         f"tokens = {s['train']['tokens_seen'] / 1e6:.1f} M tokens in {s['train']['train_seconds']:.0f} s on an H200; "
         f"checkpoint = best validation step {s['train']['best_step']}).",
         f"Held-out test split: CPython {s['python']} stdlib + pydoc topics, sorted documents with index % 20 == 0 "
-        f"(`bench/demo/corpus.py`). Produced by `python -m bench.eval_demo` on CPU, fp32, 1 thread.", "",
+        f"(`tools/demo/corpus.py`). Produced by `python -m bench.eval_demo` on CPU, fp32, 1 thread.", "",
         "## Perplexity (per token of the demo's 4096-entry BPE tokenizer)", "",
         "| head | predicts | perplexity | tokens scored |", "|---|---|---|---|",
         f"| main (lm_head) | t+1 | {res['perplexity']['main']:.3f} | {res['perplexity']['tokens']} |",

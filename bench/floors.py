@@ -2,10 +2,7 @@
 kernel's fraction of the copy peak. A kernel of the same bytes that reads them after waiting for the launch before
 it cannot beat it (it moves those bytes and more: dependent loads, arithmetic). Reads that need no wait (a GEMV's
 weights, constants of the step) may start under the launch before, as far as the shared memory and registers it
-leaves free allow: a launch that reads with no wait at all reaches 0.93 / 0.99 / 0.97 / 0.99 of the copy peak at
-the bytes of out_proj / qkvz / attn_qkv_gate / mlp_down against 0.62-0.67 / 0.80 / 0.78-0.83 / 0.82-0.84 for this
-floor (H200, session 25 probe): the gap is the launches' fixed cost, which only overlap can take back (the GEMV's
-attempt at it: kernels/int4_gemv.py's launch table).
+leaves free allow: only that overlap takes back the launches' fixed cost (docs/notes/bench.md).
 
 `read_floor_us`: read nbytes once (a GEMV's weights, the KV of an attention step). `read_write_floor_us`: read
 nbytes once and write them `copies` times (a GDN verify step: its state read, the state after each token written),

@@ -9,7 +9,8 @@ import statistics
 
 import torch
 
-RESULTS = os.path.join(os.path.dirname(__file__), "results")
+from tools.targets import RESULTS, results_slug, row  # noqa: F401 (row: the form every suite writes)
+
 ROTATE_BYTES = 256 << 20                # over 4x the H200's L2
 
 
@@ -18,13 +19,13 @@ def gpu_name() -> str:
 
 
 def gpu_slug() -> str:
-    return gpu_name().lower().replace("nvidia", "").strip().replace(" ", "-")
+    return results_slug(gpu_name())
 
 
 def measure_bandwidth(nbytes: int = 2 << 30) -> dict:
     """Peak bandwidth in bytes/s: a device-to-device copy (read + write counted) and a large sum (read only).
-    Inside a graph `copy_` becomes a memcpy node that may run on a copy engine (seen: 2.8 TB/s on an H200 whose
-    SMs copy at ~4.2), so the copy is also done by a kernel (`mul` by 1) and the faster of the two counts."""
+    Inside a graph `copy_` becomes a memcpy node that may run on a copy engine, slower than the SMs, so the copy is
+    also done by a kernel (`mul` by 1) and the faster of the two counts."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
     copy_us = min(time_us(lambda: dst.copy_(src)), time_us(lambda: torch.mul(src, 1, out=dst)))
@@ -70,13 +71,6 @@ class Rotation:
 
     def __call__(self):
         return next(self._next)
-
-
-def row(kernel: str, shape: str, us: float, nbytes: float, flops: float, peak_Bps: float, **extra) -> dict:
-    """One result: time, the work's bytes and FLOPs, achieved bandwidth and its fraction of the peak."""
-    return {"kernel": kernel, "shape": shape, "us": round(us, 2), "bytes": int(nbytes), "flops": int(flops),
-            "GBps": round(nbytes / (us * 1e-6) / 1e9, 1), "frac_peak": round(nbytes / (us * 1e-6) / peak_Bps, 3),
-            "roofline_us": round(nbytes / peak_Bps * 1e6, 2), **extra}
 
 
 def write_results(name: str, rows: list, meta: dict) -> str:

@@ -3,28 +3,18 @@
 Measures the peak bandwidth once, then runs each suite (a module bench/kernels_<name>.py with
 `run(peak_Bps) -> list[row]`) `--passes` times (default 2), keeps each row from its fastest pass, and writes
 bench/results/kernels-<gpu>.json and .md; after a full run also targets-<gpu>.md, issue 3's targets against these
-results (bench/targets.py). Why passes: on the lent H200s the same code's rows moved by up to 9% between runs and
-within one (gate_up's GEMV at 3 rows 28.3 us, at 2 and 4 rows 26.7 and 26.2), and interference only ever slows a
-row down. A row's derived columns (vs_cublas) are its own pass's."""
+results (tools/targets.py). Passes, because interference from other work on the GPU only ever slows a row down
+(docs/notes/bench.md). A row's derived columns (vs_cublas) are its own pass's."""
 import argparse
 import importlib
 import traceback
 
 import torch
 
-from bench import targets
 from bench.harness import gpu_name, gpu_slug, measure_bandwidth, write_results
+from tools import targets
 
 SUITES = ["int4", "int8", "attn", "gdn", "sampler", "norms"]  # bench/kernels_<name>.py modules, in report order
-
-
-def fastest(passes: list) -> list:
-    """Row by row, the pass with the least time (a row without one, an error, from the first pass); passes whose
-    rows are not the first's, kernel and shape in the same order, are left out."""
-    keys = [(r["kernel"], r["shape"]) for r in passes[0]]
-    same = [p for p in passes if [(r["kernel"], r["shape"]) for r in p] == keys]
-    return [min((p[i] for p in same if "us" in p[i]), key=lambda r: r["us"], default=passes[0][i])
-            for i in range(len(keys))]
 
 
 def main():
@@ -46,7 +36,7 @@ def main():
             except Exception as e:      # one broken suite must not cost the others' results
                 traceback.print_exc()
                 error = {"kernel": suite, "shape": "suite failed", "error": f"{type(e).__name__}: {e}"[:200]}
-        rows += fastest(passes) if passes else [error]
+        rows += targets.fastest(passes) if passes else [error]
         md = write_results(name, rows, meta)    # rewritten after every suite: a run cut short keeps what it has
     print(md)
     if not args.only:

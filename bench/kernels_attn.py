@@ -8,21 +8,22 @@ the torch SDPA peer's expanded ones, rotate through copies that L2 cannot hold, 
 (bench.harness.Rotation); q and out stay (the step's own activations); the KV writer and prefill do not
 rotate. `python -m bench.kernels_attn --sweep` times launch configurations instead (tiles, warps, segments)."""
 import itertools
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from bench.floors import read_floor_us
 from bench.harness import Rotation, measure_bandwidth, row, suite_main, time_us
-from bench.targets import ATTENTION_FLOOR
-from kernels import attention_verify_gluon
-from kernels.attention_prefill import prefill_attention
-from kernels.attention_verify import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg,
-                                      kv_format, verify_attention)
-from kernels.kv_write import write_kv
-from tests.test_attention_kernels import LAUNCH_CONFIGS, PREFILL_CONFIGS, v_transposed
+from kernels.attention import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg, kv_format, prefill,
+                               prefill_attention, verify, verify_attention, verify_config, verify_gluon, write_kv)
+from kernels.attention.config import LAUNCH_CONFIGS, PREFILL_CONFIGS
+from kernels.attention.kv_write import v_transposed
+from layers.config import qwen38_27b
+from tools.targets import ATTENTION_FLOOR
 
-HQ, HKV, D, Q_LEN = 24, 4, 256, 5
+_27B = qwen38_27b()
+HQ, HKV, D, Q_LEN = _27B.num_attention_heads, _27B.num_key_value_heads, _27B.head_dim, 5
 BATCHES, CONTEXTS = (1, 8, 64), (1536, 16384, 65536)
 DEV = "cuda"
 FMT_NAME = {KV_BF16: "bf16", KV_FP8_BITS: "fp8-bits", KV_FP8_NATIVE: "fp8-native"}
@@ -30,7 +31,7 @@ FMT_NAME = {KV_BF16: "bf16", KV_FP8_BITS: "fp8-bits", KV_FP8_NATIVE: "fp8-native
 
 def make_case(B, ctx, fp8, v_keys_fastest=False):
     """Caches with B full slots of ctx tokens (e4m3 codes without NaN: bit 6 cleared, |x| < 2), inputs, outputs.
-    v_keys_fastest: V stored as kernels/kv_write.kv_cache allocates it (else D-fastest like K)."""
+    v_keys_fastest: V stored as kernels.attention.kv_cache allocates it (else D-fastest like K)."""
     shape = (B, HKV, ctx, D)
     v_shape = (B, HKV, D, ctx) if v_keys_fastest else shape
     if fp8:
@@ -51,7 +52,7 @@ def verify_bytes(B, ctx, elem):
     return B * ctx * HKV * D * 2 * elem + 2 * B * Q_LEN * HQ * D * 2
 
 
-def time_verify(case, nseg, partials, **kw):
+def time_verify(case, nseg, partials, cfg=None):
     """µs of a verify step's attention: the caches rotate through enough copies that they cannot sit in L2 (in a
     model step the layers between two attention layers evict them), and the 5 new keys are the step's own (`fresh`:
     the rest may be read before the previous kernel completes)."""
@@ -62,7 +63,7 @@ def time_verify(case, nseg, partials, **kw):
 
     def call():
         k, v = caches()
-        verify_attention(q, k, v, ks, vs, rows, lens, out, partials, nseg, fresh=Q_LEN, **kw)
+        verify_attention(q, k, v, ks, vs, rows, lens, out, partials, nseg, fresh=Q_LEN, cfg=cfg)
     return time_us(call, reps=caches.reps)
 
 
@@ -81,16 +82,18 @@ def verify_rows(peak, sms):
         us = time_verify(case, nseg, partials)                  # V stored like K (D fastest)
         rows_out.append(row(f"attn_verify[{FMT_NAME[kv_format(case[1])]}]", f"B{B} ctx{ctx} q{Q_LEN}", us,
                             verify_bytes(B, ctx, 1), 4 * B * Q_LEN * HQ * ctx * D, peak, nseg=nseg))
-        # V stored keys-fastest, as kernels/kv_write.kv_cache allocates it: the GPU's own e4m3 conversion where it
+        # V stored keys-fastest, as kernels.attention.kv_cache allocates it: the GPU's own e4m3 conversion where it
         # has one, and the integer decode that sm_86 takes
         case = case[:2] + (v_transposed(case[2]),) + case[3:]
-        # (on sm_90 the native conversion's launch is the Gluon kernel, kernels/attention_verify_gluon.py: the
+        # (on sm_90 the native conversion's launch is the Gluon kernel, kernels/attention/verify_gluon.py: the
         # Triton kernel beside it)
         own = kv_format(case[1])
         for fmt, gluon in dict.fromkeys(((own, None), (own, False), (KV_FP8_BITS, None))):
-            if gluon is False and not attention_verify_gluon.supports(case[0], case[1], case[2], fmt):
+            if gluon is False and not verify_gluon.supports(case[0], case[1], case[2], fmt):
                 continue
-            us = time_verify(case, nseg, partials, kv_fmt=fmt, gluon=gluon)
+            cfg = verify.config(case[0], case[1], fmt) if gluon is False else \
+                verify_config(case[0], case[1], case[2], fmt)
+            us = time_verify(case, nseg, partials, cfg)
             name = f"{FMT_NAME[fmt]}, V keys-fastest" + (", triton" if gluon is False else "")
             rows_out.append(row(f"attn_verify[{name}]", f"B{B} ctx{ctx} q{Q_LEN}", us,
                                 verify_bytes(B, ctx, 1), 4 * B * Q_LEN * HQ * ctx * D, peak, nseg=nseg))
@@ -129,7 +132,7 @@ def sdpa_row(case, ctx, peak):
 
 
 def sweep_rows(peak):
-    """Launch configurations (the same ones tests/test_attention_kernels.py checks on the GPU): verify at B 1 by
+    """Launch configurations (kernels/attention/config.py, which the GPU tests check): verify at B 1 by
     format × (BLOCK_N, warps, stages) × segments, segments at B 8 / 64, prefill tiles; V stored keys-fastest."""
     rows_out = []
     partials = alloc_partials(64, HQ, 8, 64, D, DEV)
@@ -139,7 +142,8 @@ def sweep_rows(peak):
         for (fmt, bn, nw, ns), nseg in itertools.product(configs, (16, 32, 64)):
             shape = f"B1 ctx{ctx} bn{bn} w{nw} s{ns} nseg{nseg}"
             try:
-                us = time_verify(case, nseg, partials, kv_fmt=fmt, block_n=bn, num_warps=nw, num_stages=ns)
+                cfg = replace(verify.config(case[0], case[1], fmt), block_n=bn, num_warps=nw, num_stages=ns)
+                us = time_verify(case, nseg, partials, cfg)
             except Exception as e:  # noqa: BLE001 - a config that does not compile here (shared memory) is a row
                 rows_out.append({"kernel": f"sweep[{FMT_NAME[fmt]}]", "shape": shape, "error": str(e)[:120]})
                 continue
@@ -152,19 +156,21 @@ def sweep_rows(peak):
                                 0, peak))
         del case
     for fp8, (bm, bn, nw, ns) in itertools.product((True, False), PREFILL_CONFIGS):
-        us, nbytes, flops = time_prefill(2048, fp8, v_keys_fastest=True, block_m=bm, block_n=bn, num_warps=nw,
-                                         num_stages=ns)
+        us, nbytes, flops = time_prefill(2048, fp8, v_keys_fastest=True, launch=dict(block_m=bm, block_n=bn,
+                                                                                    num_warps=nw, num_stages=ns))
         rows_out.append(row(f"sweep[prefill {'fp8' if fp8 else 'bf16'}]", f"T2048 bm{bm} bn{bn} w{nw} s{ns}", us,
                             nbytes, flops, peak, TFLOPs=round(flops / us / 1e6, 1)))
     return rows_out
 
 
-def time_prefill(T, fp8, v_keys_fastest=False, **kw):
-    """(µs, bytes, FLOPs) of a T-token prefill from an empty cache (KV already written)."""
+def time_prefill(T, fp8, v_keys_fastest=False, launch=None):
+    """(µs, bytes, FLOPs) of a T-token prefill from an empty cache (KV already written); launch: Config fields to
+    set."""
     _, kc, vc, ks, vs, rows, lens = make_case(1, T, fp8, v_keys_fastest)
     q = torch.randn(1, T, HQ, D, device=DEV, dtype=torch.bfloat16)
     out = torch.empty_like(q)
-    us = time_us(lambda: prefill_attention(q, kc, vc, ks, vs, rows, lens, out, **kw))
+    cfg = replace(prefill.config(q, kc), **(launch or {}))
+    us = time_us(lambda: prefill_attention(q, kc, vc, ks, vs, rows, lens, out, cfg=cfg))
     return us, T * HKV * D * 2 * (1 if fp8 else 2) + 2 * T * HQ * D * 2, 4 * HQ * D * T * (T + 1) / 2
 
 

@@ -1,6 +1,6 @@
 """Int4-weight linears at the Qwen3.8-27B shapes, with their peers timed in the same run: ours (W4A16 — the Gluon
-GEMV for ≤ 24 rows, beyond it the Gluon wgmma GEMMs on sm_90 (config `ws`: the warp-specialised one; else the
-Triton kernel), and the Triton kernel beside them as `[triton]`; W4A8 from int8 activations — w4a8_linear, and
+GEMV for ≤ 24 rows, beyond it on sm_90 the warp-specialised Gluon wgmma GEMM (config `ws`), else the Triton
+kernel, and the Triton kernel beside them as `[triton]`; W4A8 from int8 activations — w4a8_linear, and
 from 65 rows on sm_90 its warp-specialised kernel alone (`w4a8 ws, operand order`: the activations in the operand's
 k order, as kernels/norms.py writes them with a8_order, without the wrapper's permuting copy)), cuBLAS bf16
 (`x @ w.T`), torch's `_weight_int4pack_mm` (group 128), and a launch that only reads the M = 1 GEMV's bytes
@@ -14,21 +14,22 @@ activations; the 6 more bytes an output its int64 form moves (posted by the GEMV
 are that design's overhead, not work; `vs_cublas` = cuBLAS time / this time at the same shape. torch's int4pack
 peer rotates its weights with their bf16 scale-and-zero pairs (counted: 4 bytes a group and column).
 
-`python -m bench.kernels_int4 --sweep` times alternatives to the launch tables (int4_gemv.ROW_BUCKETS,
-int4_wgmma.LAUNCH, int4_linear.M_BUCKETS) and prints them fastest first, to retune them."""
+`python -m bench.kernels_int4 --sweep` times alternatives to the launch tables (kernels/int4: gemv.ROW_BUCKETS,
+mma.M_BUCKETS) and prints them fastest first, to retune them."""
 import itertools
 
 import torch
 
 from bench.floors import read_floor_us
 from bench.harness import Rotation, best_of, row, suite_main, time_us
-from bench.targets import GEMV_FLOOR, int4_bytes
-from kernels import device as gpu, int4_gemv as gemv, int4_wgmma as wgmma, int4_wgmma_ws as wgmma_ws
-from kernels.int4_linear import CODES, NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
+from kernels import device as gpu
+from kernels.int4 import config, gemv, int4_linear, mma, w4a8_linear, wgmma_ws
+from kernels.int4.mma import CODES, NATURAL, WEIGHTS_A
+from layers.config import qwen38_27b
 from layers.quant import Int4Weight, a8_permute
+from tools.targets import GEMV_FLOOR, int4_bytes
 
-SHAPES = (("gdn_in_proj_qkvz", 16384, 5120), ("out_proj", 5120, 6144), ("attn_qkv_gate", 14336, 5120),
-          ("mlp_gate_up", 34816, 5120), ("mlp_down", 5120, 17408))       # name, N, K
+SHAPES = tuple((name, n, k) for name, (n, k) in qwen38_27b().linear_shapes.items())     # name, N, K
 GEMV_M = (1, 2, 3, 4, 5)
 GEMM_M = (20, 40, 64, 200, 320)
 PEER_M = (1, 5) + GEMM_M
@@ -39,23 +40,21 @@ def random_int4(n, k, device="cuda"):
     return Int4Weight(words, (torch.rand(k // 128, n, device=device) * 0.01).half())
 
 
-def time_ours(m, n, k, a8=False, cfg=None, gemv_params=None, wgmma_params=None, sums=False, ws_cfg=None):
-    """int4_linear (cfg forces the Triton kernel), w4a8_linear (a8; with ws_cfg the warp-specialised kernel alone,
-    on activations already in its operand order), or int4_gemv / int4_wgmma with explicit launch parameters; sums:
-    the GEMV's output as int64 sums (kernels/fixed_sum.py; never cleared here)."""
+def time_ours(m, n, k, a8=False, cfg=None, sums=False):
+    """int4_linear, or w4a8_linear (a8), dispatched (cfg None) or forced to a variant by its Config; W4A8 with a
+    wgmma_ws.Config takes the activations already in its operand order; sums: the GEMV's output as int64 sums
+    (kernels/fixed_sum.py; never cleared here)."""
     weights = Rotation(lambda: random_int4(n, k), int4_bytes(0, n, k))
     out = torch.zeros(m, n, device="cuda", dtype=torch.int64 if sums else torch.bfloat16)
     if a8:
         x = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
         s_a = torch.rand(m, device="cuda")
-        x = a8_permute(x) if ws_cfg else x
-        call = ((lambda: wgmma_ws.int4_wgmma_ws(x, weights(), out, ws_cfg, x_scale=s_a)) if ws_cfg else
-                (lambda: w4a8_linear(x, s_a, weights(), out=out, cfg=cfg)))
+        ws = isinstance(cfg, wgmma_ws.Config)
+        x = a8_permute(x) if ws else x
+        call = lambda: w4a8_linear(x, s_a, weights(), out=out, cfg=cfg, a8_order=ws)
     else:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        call = ((lambda: gemv.int4_gemv(x, weights(), out, **gemv_params)) if gemv_params is not None else
-                (lambda: wgmma.int4_wgmma(x, weights(), out, **wgmma_params)) if wgmma_params is not None else
-                (lambda: int4_linear(x, weights(), out=out, cfg=cfg)))
+        call = lambda: int4_linear(x, weights(), out=out, cfg=cfg)
     return time_us(call, reps=weights.reps)
 
 
@@ -98,54 +97,49 @@ def run(peak_Bps: float) -> list:
         for m in GEMV_M + GEMM_M:
             us = time_ours(m, n, k)
             extra = {"vs_cublas": round(cublas[m] / us, 2)} if m in cublas else {}
-            ws_cfg = wgmma_ws.launch(m, n, k, gpu.num_sms(dev)) if gpu.capability(dev) >= (9, 0) else None
-            if m <= gemv.MAX_ROWS:
-                config = _gemv_str(gemv.pick(m, n, k, dev))
-            elif ws_cfg:
-                config = "ws {}+{} p{}".format(*ws_cfg)
-            elif gpu.capability(dev) >= (9, 0) and m >= wgmma.MIN_ROWS:
-                config = _wgmma_str(wgmma.pick(m, n, k, dev))
-            else:
-                config = _cfg_str(pick_config(m, n, k, dev))
             rows.append(row("int4_linear W4A16", f"{shape} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k, peak_Bps,
-                            peer="ours", config=config, **extra))
+                            peer="ours", config=_str(_chosen(m, n, k)), **extra))
         for m in GEMV_M + (8, 16, 20):  # the work's bytes: outputs as the bf16 they stand for (module docstring)
             us = time_ours(m, n, k, sums=True)
             rows.append(row("int4_gemv W4A16 -> int64 sums", f"{shape} M={m}", us, int4_bytes(m, n, k),
-                            2 * m * n * k, peak_Bps, peer="ours", config=_gemv_str(gemv.pick(m, n, k, dev))))
+                            2 * m * n * k, peak_Bps, peer="ours", config=_str(gemv.config(m, n, k, dev))))
         for m in PEER_M:
-            cfg = pick_config(m, n, k, dev)
+            cfg = mma.config(m, n, k, dev)
             us = time_ours(m, n, k, cfg=cfg)
             rows.append(row("int4_linear W4A16 [triton]", f"{shape} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k,
-                            peak_Bps, peer="ours", vs_cublas=round(cublas[m] / us, 2), config=_cfg_str(cfg)))
+                            peak_Bps, peer="ours", vs_cublas=round(cublas[m] / us, 2), config=_str(cfg)))
         for m in PEER_M:
             us = time_ours(m, n, k, a8=True)
             rows.append(row("w4a8_linear", f"{shape} M={m}", us, int4_bytes(m, n, k, act_bytes=1) + 4 * m,
                             2 * m * n * k, peak_Bps, peer="ours", vs_cublas=round(cublas[m] / us, 2)))
-            ws_cfg = wgmma_ws.launch(m, n, k, gpu.num_sms(dev), a8=True) if gpu.capability(dev) >= (9, 0) else None
-            if ws_cfg:
-                us = time_ours(m, n, k, a8=True, ws_cfg=ws_cfg)
+            ws_cfg = _chosen(m, n, k, torch.int8)
+            if isinstance(ws_cfg, wgmma_ws.Config):
+                us = time_ours(m, n, k, a8=True, cfg=ws_cfg)
                 rows.append(row("w4a8 ws, operand order", f"{shape} M={m}", us,
                                 int4_bytes(m, n, k, act_bytes=1) + 4 * m, 2 * m * n * k, peak_Bps, peer="ours",
-                                vs_cublas=round(cublas[m] / us, 2), config="ws {}+{} p{}".format(*ws_cfg)))
+                                vs_cublas=round(cublas[m] / us, 2), config=_str(ws_cfg)))
     return rows
 
 
-def _gemv_str(p: dict) -> str:
-    return f"gemv {p['block_n']}x{p['warps']}w st{p['stages']} p{p['programs']}" + (" marks" if p["marks"] else "")
+def _chosen(m, n, k, dtype=torch.bfloat16):
+    """The dispatcher's Config (kernels.int4.config) for m rows on this GPU, asked with meta tensors."""
+    w = Int4Weight(torch.empty(k // 128, n, 16, dtype=torch.int32, device="meta"),
+                   torch.empty(k // 128, n, dtype=torch.float16, device="meta"))
+    with gpu.simulated(gpu.gpu_of(torch.device("cuda"))):
+        return config(torch.empty(m, k, dtype=dtype, device="meta"), w)
 
 
-def _wgmma_str(p: dict) -> str:
-    overlap = " overlap" if p.get("overlap") else ""
-    return f"wgmma {16 * p['warps']}x{p['block_m']} st{p['stages']} s{p['splits']}{overlap}"
-
-
-def _cfg_str(c: Config) -> str:
+def _str(c) -> str:
+    """A Config as the results table's `config` column writes it."""
+    if isinstance(c, gemv.Config):
+        return f"gemv {c.block_n}x{c.warps}w st{c.stages} p{c.programs}" + (" marks" if c.marks else "")
+    if isinstance(c, wgmma_ws.Config):
+        return f"ws {c.bm}+{c.bm2} p{c.programs}"
     return f"{c.block_m}x{c.block_n} s{c.split_k} w{c.num_warps} st{c.num_stages}" + \
         {NATURAL: " N", WEIGHTS_A: " A"}.get(c.form, "")
 
 
-# Alternatives to int4_linear.M_BUCKETS for --sweep: entries override the bucket's dict in pick_config.
+# Alternatives to mma.M_BUCKETS for --sweep: entries override the bucket's dict in mma.config.
 GEMM_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, form=form, ctas_per_sm=1)
                  for bm, bn, w, st, form in ((64, 128, 4, 3, WEIGHTS_A), (128, 128, 8, 3, WEIGHTS_A),
                                              (128, 256, 8, 3, WEIGHTS_A), (128, 128, 8, 3, CODES),
@@ -156,40 +150,28 @@ A8_VARIANTS = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=3, form=form
                                        (128, 128, 8, CODES))]
 
 
-# Alternatives to int4_gemv.ROW_BUCKETS for --sweep
+# Alternatives to gemv.ROW_BUCKETS for --sweep
 GEMV_VARIANTS = [dict(block_n=bn, warps=w, stages=st, ctas_per_sm=c) for bn, w, st, c in
                  ((128, 2, 2, 8), (128, 2, 2, 6), (128, 2, 3, 7), (128, 2, 2, 4), (128, 4, 2, 4), (128, 4, 3, 4),
                   (256, 4, 2, 4), (256, 4, 3, 3), (64, 2, 3, 12))]
 
 
-# Alternatives to int4_wgmma.LAUNCH for --sweep
-WGMMA_VARIANTS = [dict(block_m=bm, warps=w, stages=st, ctas_per_sm=c, overlap=o) for bm, w, st, c, o in
-                  ((64, 4, 2, 4, False), (64, 4, 3, 4, False), (128, 4, 2, 3, False), (64, 8, 2, 2, False),
-                   (64, 8, 3, 2, False), (128, 8, 3, 1, False), (64, 4, 4, 2, True), (64, 4, 3, 3, True),
-                   (64, 8, 3, 2, True))]
-
-
 def sweep(peak_Bps: float) -> list:
     rows = []
-    for (name, n, k), m in itertools.product(SHAPES, (40, 320)):
-        configs = [wgmma.pick(m, n, k, torch.device("cuda"), **v) for v in WGMMA_VARIANTS]
-        rows += best_of(configs, lambda c: time_ours(m, n, k, wgmma_params=c),
-                        lambda c, us: row("int4_wgmma", f"{name} {n}x{k} M={m}", us, int4_bytes(m, n, k),
-                                          2 * m * n * k, peak_Bps, config=_wgmma_str(c)), show=3)
     for (name, n, k), m in itertools.product(SHAPES, (1, 5, 16)):
-        configs = [gemv.pick(m, n, k, torch.device("cuda"), **v) for v in GEMV_VARIANTS]
-        rows += best_of(configs, lambda c: time_ours(m, n, k, gemv_params=c),
+        configs = [gemv.config(m, n, k, torch.device("cuda"), **v) for v in GEMV_VARIANTS]
+        rows += best_of(configs, lambda c: time_ours(m, n, k, cfg=c),
                         lambda c, us: row("int4_gemv", f"{name} {n}x{k} M={m}", us, int4_bytes(m, n, k), 2 * m * n * k,
-                                          peak_Bps, config=_gemv_str(c)), show=4)
+                                          peak_Bps, config=_str(c)), show=4)
     cases = [([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, GEMM_VARIANTS, False),
              ([s for s in SHAPES if s[0] in ("mlp_gate_up", "mlp_down")], GEMM_M, A8_VARIANTS, True)]
     for shapes, ms, variants, a8 in cases:
         for (name, n, k), m in itertools.product(shapes, ms):
-            configs = [(pick_config(m, n, k, torch.device("cuda"), a8=a8, **v), v["ctas_per_sm"]) for v in variants]
+            configs = [(mma.config(m, n, k, torch.device("cuda"), a8=a8, **v), v["ctas_per_sm"]) for v in variants]
             rows += best_of(configs, lambda c: time_ours(m, n, k, a8=a8, cfg=c[0]),
                             lambda c, us: row("w4a8_linear" if a8 else "int4_linear", f"{name} {n}x{k} M={m}", us,
                                               int4_bytes(m, n, k, 1 if a8 else 2), 2 * m * n * k, peak_Bps,
-                                              config=_cfg_str(c[0]) + f" c{c[1]}"), show=6)
+                                              config=_str(c[0]) + f" c{c[1]}"), show=6)
     return rows
 
 

@@ -1,19 +1,22 @@
-"""Int8 lm_head GEMV/GEMM (248320 × 5120, per-row scales) and the int8 embedding gather, with cuBLAS bf16 timed at
-the same shape in the same run. Weight copies rotate so that every call reads HBM (bench/harness.Rotation).
+"""Int8 lm_head GEMV/GEMM (the 27B vocabulary × hidden, per-row scales) and the int8 embedding gather, with cuBLAS
+bf16 timed at the same shape in the same run. Weight copies rotate so that every call reads HBM
+(bench/harness.Rotation).
 Bytes: int8 weights + fp16 row scales + bf16 activations + outputs (fp32 logits here: the eager model's dtype;
 bench/step.py's chain writes bf16 logits, 2 bytes less an element, with lm_head_bytes(out_bytes=2)). The embedding
 gather reads fixed ids, so its rows sit in L2 across the timed calls (not rotated: no target reads it).
 
-`python -m bench.kernels_int8 --sweep` times alternatives to kernels/int8_linear.py's M_BUCKETS."""
+`python -m bench.kernels_int8 --sweep` times alternatives to kernels/int8/linear.py's tables (GEMV_SWEEP, GEMM_SWEEP
+beside them)."""
 
 import torch
 
 from bench.harness import Rotation, best_of, row, suite_main, time_us
-from kernels.int8_embedding import int8_embedding
-from kernels.int8_linear import Config, int8_linear, pick_config, split_activations
+from kernels.int8 import int8_embedding, int8_linear
+from kernels.int8.linear import GEMM_SWEEP, GEMV_SWEEP, Config, config, split_activations
+from layers.config import qwen38_27b
 from layers.quant import Int8Weight
 
-VOCAB, HIDDEN = 248320, 5120
+VOCAB, HIDDEN = qwen38_27b().vocab_size, qwen38_27b().hidden_size
 LINEAR_M = (1, 2, 3, 4, 5, 64, 320)
 PEER_M = (1, 5, 320)
 GATHER_T = (1, 320, 4096)
@@ -51,7 +54,7 @@ def run(peak_Bps: float) -> list:
         us = time_ours(m)
         extra = {"vs_cublas": round(cublas[m] / us, 2)} if m in cublas else {}
         rows.append(row("int8_linear", f"{shape} M={m}", us, lm_head_bytes(m), 2 * m * VOCAB * HIDDEN, peak_Bps,
-                        peer="ours", config=_cfg_str(pick_config(m, "cuda")), **extra))
+                        peer="ours", config=_cfg_str(config(m, "cuda")), **extra))
     table = random_int8(VOCAB, HIDDEN)
     for t in GATHER_T:
         ids = torch.randint(0, VOCAB, (t,), device="cuda")
@@ -67,16 +70,6 @@ def _cfg_str(c: Config) -> str:
     return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} st{c.num_stages}{a} p{c.parts}"
 
 
-# Config(block_m, block_n, block_k, warps, stages, weights_a, parts): the table's choices and their runners-up in
-# the first H200 sweep (M = 1 / 5 within 3 % of each other; a persistent grid and the fp16 mma were slower)
-GEMV_SWEEP = [Config(*c) for c in (
-    (16, 64, 512, 4, 3), (16, 128, 256, 4, 3), (16, 128, 256, 4, 3, True), (16, 128, 128, 4, 4, True),
-    (32, 64, 512, 4, 3), (32, 128, 256, 4, 3), (32, 128, 128, 4, 4, True), (16, 128, 256, 4, 3, True, 2))]
-GEMM_SWEEP = [Config(*c) for c in (
-    (128, 256, 128, 8, 3, True), (128, 128, 128, 4, 4, True), (256, 128, 128, 8, 3, True),
-    (128, 256, 128, 8, 3, True, 2), (256, 128, 128, 8, 3, True, 2), (128, 256, 128, 8, 3, True, 1))]
-
-
 def sweep(peak_Bps: float) -> list:
     """Each M against the configs that hold it in one M-tile (GEMV) or any (GEMM); rows print as they come."""
     rows = []
@@ -89,7 +82,7 @@ def sweep(peak_Bps: float) -> list:
         rows += best_of([c for c in configs if m > 8 or m <= c.tokens], lambda c, m=m: time_ours(m, c), make_row)
     for m in (1, 5, 320):                                       # the activation split alone (part of every p row)
         x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
-        us = time_us(lambda: split_activations(x, pick_config(m, "cuda")))
+        us = time_us(lambda: split_activations(x, config(m, "cuda")))
         rows.append(row("split_activations", f"M={m}", us, m * HIDDEN * 3 + m * 4, 0, peak_Bps))
         print(f"  split_activations M={m}: {us:.2f} us", flush=True)
     return rows

@@ -8,10 +8,14 @@ import torch
 
 from bench.harness import row, time_us
 from kernels import norms as N
-from layers.model import rope_tables
+from kernels.norms import ref as R
+from kernels.norms.ref import rope_tables
+from layers.config import qwen38_27b
 
 DEV, BF = "cuda", torch.bfloat16
-H, HV, DV, HQ, HKV, D, RD, I = 5120, 48, 128, 24, 4, 256, 64, 17408
+_M = qwen38_27b()
+H, HV, DV, I = _M.hidden_size, _M.linear_num_value_heads, _M.linear_value_head_dim, _M.intermediate_size
+HQ, HKV, D, RD = _M.num_attention_heads, _M.num_key_value_heads, _M.head_dim, _M.rotary_dim
 
 
 def rnd(*shape):
@@ -23,24 +27,24 @@ def cases(T):
     x, res, w = rnd(T, H), rnd(T, H), rnd(H)
     gx, gz, gw = rnd(T, HV, DV), rnd(T, HV, DV), rnd(DV)
     qg, k, qw, kw = rnd(T, HQ * 2 * D), rnd(T, HKV * D), rnd(D), rnd(D)
-    cos, sin = rope_tables(torch.arange(T, device=DEV), RD, 1e7, BF)
+    cos, sin = rope_tables(torch.arange(T, device=DEV), RD, _M.rope_theta, BF)
     gu = rnd(T, 2 * I)
     g, u = gu[:, :I], gu[:, I:]
     outs = dict(h=torch.empty_like(x), y=torch.empty_like(x))
     q8 = dict(q=torch.empty(T, H, dtype=torch.int8, device=DEV), s=torch.empty(T, device=DEV))
     return [
-        ("add_rmsnorm", lambda: N.add_rmsnorm(x, res, w, 1e-6, **outs), lambda: N.add_rmsnorm_ref(x, res, w, 1e-6),
+        ("add_rmsnorm", lambda: N.add_rmsnorm(x, res, w, 1e-6, **outs), lambda: R.add_rmsnorm_ref(x, res, w, 1e-6),
          2 * (4 * T * H + H)),
         ("add_rmsnorm +int8", lambda: N.add_rmsnorm(x, res, w, 1e-6, quant=True, **outs, **q8), None,
          2 * (4 * T * H + H) + T * H + 4 * T),
-        ("gated_rmsnorm", lambda: N.gated_rmsnorm(gx, gz, gw, 1e-6), lambda: N.gated_rmsnorm_ref(gx, gz, gw, 1e-6),
+        ("gated_rmsnorm", lambda: N.gated_rmsnorm(gx, gz, gw, 1e-6), lambda: R.gated_rmsnorm_ref(gx, gz, gw, 1e-6),
          2 * (3 * T * HV * DV + DV)),
         ("gated_rmsnorm +int8", lambda: N.gated_rmsnorm(gx, gz, gw, 1e-6, quant=True), None,
          2 * (3 * T * HV * DV + DV) + T * HV * DV + 4 * T),
         ("qk_norm_rope+gate", lambda: N.qk_norm_rope(qg, k, qw, kw, cos, sin, HQ, HKV, 1e-6, sigmoid_gate=True),
-         lambda: N.qk_norm_rope_ref(qg, k, qw, kw, cos, sin, HQ, HKV, 1e-6, sigmoid_gate=True),
+         lambda: R.qk_norm_rope_ref(qg, k, qw, kw, cos, sin, HQ, HKV, 1e-6, sigmoid_gate=True),
          2 * (2 * T * (HQ * 2 * D + HKV * D) + 2 * D + 2 * T * RD)),
-        ("silu_mul", lambda: N.silu_mul(g, u), lambda: N.silu_mul_ref(g, u), 2 * 3 * T * I),
+        ("silu_mul", lambda: N.silu_mul(g, u), lambda: R.silu_mul_ref(g, u), 2 * 3 * T * I),
         ("silu_mul int8 only", lambda: N.silu_mul(g, u, quant=True, write_y=False), None,
          2 * 2 * T * I + T * I + 4 * T),
     ]

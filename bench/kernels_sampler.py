@@ -1,4 +1,4 @@
-"""Sampler at the 248,320 vocabulary, bf16 logits shaped like an LM's (a Gaussian bulk plus a few dozen strong
+"""Sampler at the 27B model's vocabulary, bf16 logits shaped like an LM's (a Gaussian bulk plus a few dozen strong
 tokens): sample() per parameter set and row count; one verify step, "5 rows + rejection" (B1 k4: sampling the
 target's B·(k+1) rows and the accept/residual/bonus pass, i.e. everything rejection_sample launches, with the draft
 descriptors from sample_drafts) and the same with the descriptors recomputed and for B8; the torch peers (topk +
@@ -12,10 +12,11 @@ import dataclasses
 import torch
 
 from bench.harness import row, suite_main, time_us
-from kernels.sampler import (RejectionWorkspace, SamplerConfig, SamplerWorkspace, SamplingTensors, rejection_sample,
-                             sample, sample_drafts)
+from kernels.sampler import (RejectionWorkspace, SamplerWorkspace, SamplingTensors, config, rejection_sample, sample,
+                             sample_drafts)
+from layers.config import qwen38_27b
 
-V, DEV, K = 248320, "cuda", 4
+V, DEV, K = qwen38_27b().vocab_size, "cuda", 4
 QWEN = (1.0, 20, 0.95)                                     # generation_config default
 CASES = [("qwen T1 k20 p.95", 1, QWEN), ("top-p .9 only T.7", 1, (0.7, 0, 0.9)), ("top-k 1024", 1, (1.0, 1024, 1.0)),
          ("untruncated T1", 1, (1.0, 0, 1.0)), ("greedy", 1, (0.0, 0, 1.0)), ("qwen T1 k20 p.95", 5, QWEN),
@@ -38,18 +39,18 @@ def params_for(R, t, k, p):
     return SamplingTensors.of([t] * R, [k] * R, [p] * R, DEV)
 
 
-def sample_step(R, tkp, cfg=SamplerConfig()):
+def sample_step(R, tkp, cfg=None):
     """A timed callable: sample() of R rows."""
     logits, params, (seed, off) = llm_logits(R), params_for(R, *tkp), rng()
     ws = SamplerWorkspace(R, V, DEV, cfg)
     return lambda: sample(logits, params, seed, off, ws)
 
 
-def sample_case(name, R, tkp, peak, cfg=SamplerConfig(), label="sample"):
+def sample_case(name, R, tkp, peak, cfg=None, label="sample"):
     return row(f"{label} {name}", f"{R}x{V}", time_us(sample_step(R, tkp, cfg)), R * V * 2, 0, peak)
 
 
-def verify_step(B, with_q, cfg=SamplerConfig()):
+def verify_step(B, with_q, cfg=None):
     """A timed callable: one verify step of B sequences with K drafts (rejection_sample on given drafts)."""
     target, draft = llm_logits(B * (K + 1), 1).view(B, K + 1, V), llm_logits(B * K, 2).view(B, K, V)
     params, (seed, off) = params_for(B, *QWEN), rng()
@@ -61,7 +62,7 @@ def verify_step(B, with_q, cfg=SamplerConfig()):
     return lambda: rejection_sample(target, draft, ids, params, seed, off, ws, desc if with_q else None)
 
 
-def rejection_case(B, with_q, peak, cfg=SamplerConfig(), label=""):
+def rejection_case(B, with_q, peak, cfg=None, label=""):
     us = time_us(verify_step(B, with_q, cfg))
     name = f"{label}{B * (K + 1)} rows + rejection" + ("" if with_q else " (q recomputed)")
     return row(name, f"B{B} k{K} V{V}", us, B * (2 * K + 1) * V * 2, 0, peak, rows_sampled=B * (K + 1))
@@ -129,7 +130,7 @@ def same_results(cfg):
     t, k, p = zip(*(tkp for _, _, tkp in CASES))
     logits, params = llm_logits(len(t)), SamplingTensors.of(list(t), list(k), list(p), DEV)
     out = []
-    for c in (SamplerConfig(), cfg):
+    for c in (None, cfg):
         seed, off = rng()
         ids, desc = sample(logits, params, seed, off, SamplerWorkspace(len(t), V, DEV, c))
         out.append((ids.clone(), desc.clone(), off.item()))
@@ -155,7 +156,7 @@ def sweep(peak):
                                 ev.device_time_total / ev.count, 0, 0, peak))
                 show(rows[-1])
     for change in VARIANTS:
-        cfg = dataclasses.replace(SamplerConfig(), **change)
+        cfg = dataclasses.replace(config(1, V, DEV), **change)
         tag = "[" + ",".join(f"{k}={v}" for k, v in change.items()) + "] "
         try:
             same = same_results(cfg)

@@ -21,47 +21,47 @@ import torch
 
 from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
 from bench.kernels_int4 import random_int4
-from bench.kernels_int8 import VOCAB, lm_head_bytes, random_int8
+from bench.kernels_int8 import lm_head_bytes, random_int8
 from bench.kernels_sampler import QWEN, params_for
-from bench.layer_step import Dims, Layer
-from bench.targets import int4_bytes
-from kernels.int4_linear import int4_linear
-from kernels.int8_embedding import int8_embedding
-from kernels.int8_linear import int8_linear
+from bench.layer_step import Layer
+from kernels.int4 import int4_linear
+from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm
 from kernels.sampler import (RejectionWorkspace, SamplerWorkspace, rejection_sample, sample, sample_drafts,
                              target_to_draft)
-
-LAYERS = ["gdn", "gdn", "gdn", "attn"] * 16          # full_attention_interval 4
+from layers.config import qwen38_27b
+from tools.targets import int4_bytes
 
 
 class Step:
     """Every buffer of one step for B sequences, k drafts, ctx cached tokens, allocated once; `drafts()`,
     `verify()` and `step()` launch its kernels in order."""
 
-    def __init__(self, B, k, ctx, draft_vocab, dims=Dims(), device="cuda"):
-        self.B, self.k, self.dims = B, k, dims
-        T, H = k + 1, dims.hidden
+    def __init__(self, B, k, ctx, draft_vocab, cfg=None, device="cuda"):
+        cfg = cfg or qwen38_27b()
+        self.B, self.k, self.cfg = B, k, cfg
+        T, H, V = k + 1, cfg.hidden_size, cfg.vocab_size
         bf = dict(dtype=torch.bfloat16, device=device)
-        self.layers = [Layer(kind, B, T, ctx, dims, device) for kind in LAYERS]
-        self.embed, self.lm_head = random_int8(VOCAB, H), random_int8(VOCAB, H)
-        self.ids = torch.randint(0, VOCAB, (B * T,), dtype=torch.int32, device=device)
+        kinds = {"linear_attention": "gdn", "full_attention": "attn"}
+        self.layers = [Layer(kinds[t], B, T, ctx, cfg, device) for t in cfg.layer_types]
+        self.embed, self.lm_head = random_int8(V, H), random_int8(V, H)
+        self.ids = torch.randint(0, V, (B * T,), dtype=torch.int32, device=device)
         self.h, self.y = torch.zeros(B * T, H, **bf), torch.zeros(B * T, H, **bf)
         self.norm_w = torch.randn(H, **bf) * 0.1
-        self.logits = torch.empty(B, T, VOCAB, **bf)
+        self.logits = torch.empty(B, T, V, **bf)
         self.params = params_for(B, *QWEN)                            # generation_config's sampling
         self.seed, self.offset = (torch.zeros(1, dtype=torch.int64, device=device) for _ in range(2))
-        self.bytes = (sum(layer.bytes() for layer in self.layers) + lm_head_bytes(B * T, VOCAB, H, out_bytes=2)
+        self.bytes = (sum(layer.bytes() for layer in self.layers) + lm_head_bytes(B * T, V, H, out_bytes=2)
                       + 3 * B * T * H)                                # the embedding's int8 rows in, bf16 out
         if k == 0:
-            self.sampler = SamplerWorkspace(B, VOCAB, device)
+            self.sampler = SamplerWorkspace(B, V, device)
             return
         # the MTP module: fc over [embedding; hidden] (2H -> H) and one gated-attention layer; a reduced draft head
-        self.mtp = Layer("attn", B, 1, ctx, dims, device)
+        self.mtp = Layer("attn", B, 1, ctx, cfg, device)
         self.fc = random_int4(H, 2 * H, device)
         self.draft_head = random_int8(draft_vocab, H)
         self.d2t = torch.zeros(draft_vocab, dtype=torch.int32, device=device)      # draft id i is target id i
-        self.t2d = target_to_draft(self.d2t, VOCAB)
+        self.t2d = target_to_draft(self.d2t, V)
         self.e, self.e_n, self.h_n, self.d_y = (torch.zeros(B, H, **bf) for _ in range(4))
         self.cat = torch.zeros(B, 2 * H, **bf)
         self.fc_out = torch.zeros(B, H, **bf)
@@ -69,12 +69,12 @@ class Step:
         self.draft_ids = torch.zeros(B, k, dtype=torch.int32, device=device)
         self.draft_desc = torch.zeros(B, k, 4, device=device)
         self.draft_ws = SamplerWorkspace(B, draft_vocab, device)
-        self.rejection = RejectionWorkspace(B, k, VOCAB, draft_vocab, device)
+        self.rejection = RejectionWorkspace(B, k, V, draft_vocab, device)
         self.bytes += k * (self.mtp.bytes() + int4_bytes(B, H, 2 * H) + lm_head_bytes(B, draft_vocab, H, out_bytes=2))
 
     def drafts(self):
         """k draft passes at B rows. (Kernels read and write their own buffers: the time is the same chain.)"""
-        eps = self.dims.eps
+        eps = self.cfg.rms_norm_eps
         tok = self.ids[:self.B]
         for i in range(self.k):
             int8_embedding(tok, self.embed, out=self.e)
@@ -89,15 +89,15 @@ class Step:
 
     def verify(self):
         """The verify pass at B·(k+1) rows (k = 0: a decode step and its sampling)."""
-        eps = self.dims.eps
+        eps = self.cfg.rms_norm_eps
         int8_embedding(self.ids, self.embed, out=self.h)
         for layer in self.layers:
             layer.step()
         last = self.layers[-1]
         add_rmsnorm(last.x, last.res, self.norm_w, eps, h=last.res, y=self.y)
-        int8_linear(self.y, self.lm_head, out=self.logits.view(-1, VOCAB))
+        int8_linear(self.y, self.lm_head, out=self.logits.view(-1, self.cfg.vocab_size))
         if self.k == 0:
-            sample(self.logits.view(-1, VOCAB), self.params, self.seed, self.offset, self.sampler)
+            sample(self.logits.view(-1, self.cfg.vocab_size), self.params, self.seed, self.offset, self.sampler)
         else:
             rejection_sample(self.logits, self.draft_logits, self.draft_ids, self.params, self.seed, self.offset,
                              self.rejection, self.draft_desc, self.t2d)

@@ -41,7 +41,8 @@ class SamplingParams:
 
 
 def saturate(x):
-    """fp32 x with +inf -> the largest finite fp32 and NaN -> −inf, as the kernels read logits (sampler._scale)."""
+    """fp32 x with +inf -> the largest finite fp32 and NaN -> −inf, as the kernels read logits
+    (kernels/sampler/common.scale)."""
     return x.float().nan_to_num(float("-inf"), torch.finfo(torch.float32).max, float("-inf"))
 
 

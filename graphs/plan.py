@@ -5,11 +5,10 @@ import json
 import os
 from dataclasses import dataclass
 
-from layers.config import ModelConfig
+from layers.config import MAX_SPEC_K, ModelConfig
 
 PROFILES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1}
-MAX_SPEC_K = 16              # MTP drafts per step: each costs a draft pass; beyond a few, acceptance is ~0
 
 
 def load_profile(name: str) -> dict:
@@ -56,11 +55,14 @@ class MemoryPlan:
     weight_bytes: int
     state_bytes_per_seq: int           # recurrent state slots + conv windows of every GDN layer
     kv_bytes_per_token: int            # target attention layers + the MTP layer
+    max_context: int | None = None     # the model's max_position_embeddings: no sequence is planned longer
 
     def max_tokens(self, memory_bytes: int, batch: int, reserve: float = 0.1) -> int:
-        """Context tokens per sequence that fit at this batch size, keeping `reserve` of memory for activations."""
+        """Context tokens per sequence that fit at this batch size, keeping `reserve` of memory for activations,
+        at most max_context."""
         free = memory_bytes * (1 - reserve) - self.weight_bytes - batch * self.state_bytes_per_seq
-        return max(0, int(free // (batch * self.kv_bytes_per_token)))
+        fit = max(0, int(free // (batch * self.kv_bytes_per_token)))
+        return fit if self.max_context is None else min(fit, self.max_context)
 
 
 def plan(cfg: ModelConfig, profile: dict, weight_bits: float = 4.25) -> MemoryPlan:
@@ -77,4 +79,4 @@ def plan(cfg: ModelConfig, profile: dict, weight_bits: float = 4.25) -> MemoryPl
     conv = 2 * cfg.linear_conv_dim * (cfg.linear_conv_kernel_dim - 1 + k)
     kv = BYTES[profile["kv_dtype"]] * 2 * cfg.num_key_value_heads * cfg.head_dim * attn_layers
     return MemoryPlan(weight_bytes=int(body * weight_bits / 8 + heads), state_bytes_per_seq=gdn_layers * ((k + 1) * state + conv),
-                      kv_bytes_per_token=kv)
+                      kv_bytes_per_token=kv, max_context=cfg.max_position_embeddings)

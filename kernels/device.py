@@ -1,17 +1,13 @@
-"""The GPU a launch runs on, as the kernels' launch defaults see it, and the device-side helpers every kernel shares.
+"""The GPU a launch runs on, as the launch defaults see it, and the device-side helpers every kernel shares.
 
-`capability`, `num_sms` and `smem_per_sm` answer for a CUDA device from its properties. Anywhere else they answer
-only inside `simulated(Gpu(...))`: the tests run the kernels in Triton's interpreter on the CPU as a small sm_90
-part, tools/aot_compile.py compiles them for sm_86 and sm_90 on meta tensors. INTERPRET: kernels run in Triton's
-interpreter (tests/conftest.py sets it on the CPU), where some take exact fp32 paths (ENGINE.md §7).
+`capability`, `num_sms` and `smem_per_sm` read a CUDA device's properties; on any other device they answer only
+inside `simulated(Gpu(...))` (the CPU tests run the interpreter as a small sm_90; tools/aot_compile.py targets
+sm_86 and sm_90 on meta tensors).
 
-Programmatic dependent launch (sm_90+, `pdl`): a kernel launched with launch_pdl=True may start while the previous
-kernel of the stream finishes, so its launch and its loads of data no kernel of the step writes (weights, caches
-of earlier steps, sampling parameters) overlap the predecessor. A step's per-replay inputs that kernels read early
-must therefore come from host copies made before the replay, never from a kernel of the same graph. Such a kernel
-calls `pdl_wait` on every path before it reads anything an earlier kernel wrote and before it writes anything;
-`pdl_wait` returns once the previous kernel has completed, which (since that one waited too) means every earlier
-kernel has. `pdl_disabled()` turns it off for a comparison."""
+Programmatic dependent launch (sm_90+): a kernel launched with launch_pdl=True may start while its predecessor
+finishes, so it may load, before `pdl_wait`, only what no kernel of the step writes (weights, earlier steps' caches,
+host-copied per-step inputs). It calls `pdl_wait` on every path before reading anything an earlier kernel wrote
+and before writing anything; the wait returns once every earlier kernel has completed."""
 import contextlib
 import functools
 import os
@@ -81,27 +77,22 @@ def smem_per_sm(dev) -> int:
 
 
 def check_not_capturing(what: str, device) -> None:
-    """State kept across calls (a cached index, a grown workspace) must be made outside CUDA-graph capture: made
-    inside it, its contents come from kernels that only that graph's replays run, and every other user — eager
-    calls, graphs captured later — reads garbage until the first replay. AssertionError: warm up first."""
+    """State kept across calls (a cached index, a grown workspace) must be made outside CUDA-graph capture, where
+    only that graph's replays would fill it. AssertionError: warm up first."""
     dev = torch.device(device)
     assert not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
         f"{what}: made during CUDA-graph capture; run the call once before capturing (warm-up)"
 
 
 def check_dense(where: str, **tensors) -> None:
-    """Each tensor given (None: skipped) must be contiguous: `where`'s kernel indexes it as dense rows, so a view (a
-    column of a [B, n] table, a slice of a wider buffer) would be read or written at the wrong elements, silently.
-    AssertionError naming the argument, as the wrappers' other checks."""
+    """Each tensor given (None: skipped) must be contiguous, as `where`'s kernel indexes it as dense rows."""
     for name, t in tensors.items():
         assert t is None or t.is_contiguous(), \
             f"{where}: {name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})"
 
 
 def filling_tile(tiles, programs, dev: torch.device, per_sm: int = 2):
-    """The first of `tiles` (widest first) whose launch of programs(tile) programs still puts per_sm on every SM;
-    else the last: the narrowest that small batches need to spread their bytes, without the many small programs
-    that slow wide batches down."""
+    """The first of `tiles` (widest first) whose programs(tile) programs put per_sm on every SM, else the last."""
     return next((t for t in tiles if programs(t) >= per_sm * num_sms(dev)), tiles[-1])
 
 
@@ -136,16 +127,12 @@ def pdl_wait(PDL: tl.constexpr):
 
 @triton.jit
 def load_accepted(ptr, last):
-    """The index of a sequence's last accepted token, num_accepted − 1 from the count at ptr, clamped to [0, last]:
-    a count of 0 or garbage never indexes out of bounds (−2^31 included: the clamp comes before the subtraction,
-    which cannot wrap then)."""
+    """num_accepted − 1 from the count at ptr, clamped to [0, last] (clamped before the subtraction: no wrap)."""
     return tl.minimum(tl.maximum(tl.load(ptr), 1) - 1, last)
 
 
 @triton.jit
 def load_slot(ptr, num_slots):
-    """The slot id at ptr of a cache or pool of num_slots slots, or -1 for an id past it: every kernel reads and
-    writes nothing for a negative id (a padding row), so a slot id >= num_slots (garbage in a captured step's
-    inputs, which no wrapper can inspect) touches nothing outside the pool either."""
+    """The slot id at ptr, or -1 (a padding row: kernels touch nothing) for an id past the pool's num_slots."""
     slot = tl.load(ptr)
     return tl.where(slot < num_slots, slot, -1)

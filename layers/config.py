@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 LAYER_TYPES = ("linear_attention", "full_attention")
+MAX_SPEC_K = 16              # MTP drafts a step may take: each costs a draft pass; beyond a few, acceptance is ~0
 
 
 class ConfigError(ValueError):

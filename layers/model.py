@@ -12,21 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.gdn.ref import delta_rule_chunked_ref, delta_rule_recurrent_ref, gates_ref, prepare_qk_ref
+from kernels.norms.ref import apply_rope_ref, gated_rmsnorm_ref, rms_norm_1p_ref, rope_tables, silu_mul_ref
 from layers.config import ModelConfig
 
 
 # ---------------------------------------------------------------------------------------------------- norms
-def rms_norm_1p(x, weight, eps):
-    """Zero-centred RMSNorm, (1 + w): every decoder/final/q/k/MTP norm. Computed in fp32."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
-
-
-def gated_rms_norm(x, z, weight, eps):
-    """GDN output norm: plain w, gated by silu(z); the normed x is rounded to x's dtype before the weight (as HF)."""
-    xf = x.float()
-    xn = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * xn * F.silu(z.float())).to(x.dtype)
+# rms_norm_1p_ref (every decoder/final/q/k/MTP norm), gated_rmsnorm_ref (GDN output norm), rope_tables and
+# apply_rope_ref live in kernels/norms/ref.py, the fused kernels' reference.
 
 
 class RMSNorm(nn.Module):
@@ -36,7 +28,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return rms_norm_1p(x, self.weight, self.eps)
+        return rms_norm_1p_ref(x, self.weight, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -46,24 +38,7 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x, z):
-        return gated_rms_norm(x, z, self.weight, self.eps)
-
-
-# ---------------------------------------------------------------------------------------------------- rope
-def rope_tables(positions, rotary_dim, theta, dtype):
-    """cos, sin [T, rotary_dim] for 1-D positions [T]; pairs are (j, j + rotary_dim/2). fp32 maths, cast last."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=positions.device) / rotary_dim)
-    angles = positions.float()[:, None] * inv_freq[None]
-    angles = torch.cat([angles, angles], -1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rope(x, cos, sin):
-    """x [B, T, heads, D]: rotate the first rotary_dim dims, pass the rest through."""
-    rd = cos.shape[-1]
-    r, rest = x[..., :rd], x[..., rd:]
-    rotated = torch.cat([-r[..., rd // 2:], r[..., : rd // 2]], -1)
-    return torch.cat([r * cos[:, None] + rotated * sin[:, None], rest], -1)
+        return gated_rmsnorm_ref(x, z, self.weight, self.eps)
 
 
 # ---------------------------------------------------------------------------------------------------- caches
@@ -150,8 +125,8 @@ class GatedAttention(nn.Module):
         k = self.k_proj(x).view(B, T, nkv, hd)
         v = self.v_proj(x).view(B, T, nkv, hd)
         cos, sin = rope_tables(torch.arange(start, start + T, device=x.device), cfg.rotary_dim, cfg.rope_theta, x.dtype)
-        q = apply_rope(self.q_norm(q), cos, sin).transpose(1, 2)           # [B, nh, T, hd]
-        k = apply_rope(self.k_norm(k), cos, sin).transpose(1, 2)           # [B, nkv, T, hd]
+        q = apply_rope_ref(self.q_norm(q), cos, sin).transpose(1, 2)           # [B, nh, T, hd]
+        k = apply_rope_ref(self.k_norm(k), cos, sin).transpose(1, 2)           # [B, nkv, T, hd]
         v = v.transpose(1, 2)
         if cache is not None:
             k, v = cache.append(k, v)                                      # [B, nkv, start + T, hd]
@@ -228,7 +203,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul_ref(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -274,7 +249,10 @@ class Qwen35Model(nn.Module):
     def __init__(self, cfg: ModelConfig, with_mtp: bool = True):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # weight given, so nn.Embedding skips its random init (a normal_ that, on the meta device the loader
+        # builds on, imports torch._dynamo: ~1.4 s); the loader or the demo's init_weights fills it
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList([DecoderLayer(cfg, lt) for lt in cfg.layer_types])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:

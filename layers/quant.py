@@ -33,7 +33,7 @@ def mma_k(device=None) -> torch.Tensor:
 
 def a8_k(device=None) -> torch.Tensor:
     """int64 [32]: the k of a 32-wide chunk that slot k' = 16r + 4t + q of the int8 wgmma operand holds, when the
-    mma layout's words are unpacked as (word >> 4r) & 0x0F0F0F0F (kernels/int4_wgmma._a_operand_i8): nibble 2q + r
+    mma layout's words are unpacked as (word >> 4r) & 0x0F0F0F0F (kernels/int4/wgmma_ws._a_operand_i8): nibble 2q + r
     of word 4t + w, k = 16·(q & 1) + 8r + 2t + (q >> 1). W4A8 activations are permuted to match (a8_permute)."""
     kp = torch.arange(32, device=device)
     r, t, q = kp // 16, (kp // 4) % 4, kp % 4

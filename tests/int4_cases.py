@@ -2,10 +2,11 @@
 check."""
 import torch
 
+from layers.config import qwen38_27b
 from layers.quant import quantize_int4
 from tests.fixtures import rel_err
 
-SHAPES_27B = [(16384, 5120), (5120, 6144), (14336, 5120), (34816, 5120), (5120, 17408)]   # N × K
+SHAPES_27B = list(qwen38_27b().linear_shapes.values())          # (N, K) of the five fused linears
 
 
 def int4_case(m, n, k, xdt, sdt, seed):

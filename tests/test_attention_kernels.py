@@ -1,15 +1,18 @@
 """fp8 e4m3 codec, KV writer, split-KV verify attention and prefill attention against their plain-torch
 references. CPU: Triton interpreter at tiny shapes; GPU (@gpu): the 27B shapes (Hq 24, Hkv 4, D 256)."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from kernels.attention_prefill import prefill_attention
-from kernels.attention_verify import (KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, attention_ref, choose_nseg,
-                                      combine_block_d, verify_attention)
-from kernels.fp8 import decode_e4m3, decode_e4m3_ref, encode_e4m3, encode_e4m3_ref
-from kernels.kv_write import kv_cache, kv_scales_from, write_kv, write_kv_ref
+from kernels.attention import (KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg, combine_block_d, kv_cache,
+                               kv_scales_from, prefill, prefill_attention, verify, verify_attention, verify_config,
+                               verify_gluon, write_kv)
+from kernels.attention.config import LAUNCH_CONFIGS, PREFILL_CONFIGS
+from kernels.attention.fp8 import decode_e4m3, encode_e4m3
+from kernels.attention.kv_write import v_transposed
+from kernels.attention.ref import attention_ref, decode_e4m3_ref, encode_e4m3_ref, write_kv_ref
 from tests.fixtures import rel_err
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -30,9 +33,9 @@ def random_cache(slots, hkv, max_len, D, fp8, gen):
     return torch.randn(slots, hkv, max_len, D, generator=gen).bfloat16().to(DEV)
 
 
-def v_transposed(vc):
-    """The same V cache stored keys-fastest ([slots, Hkv, D, max_len] memory, the same [.., max_len, D] view)."""
-    return vc.transpose(2, 3).contiguous().transpose(2, 3)
+def triton_cfg(q, k_cache, block_m=None, **launch):
+    """The Triton kernel's Config for q (or tiles of block_m rows) with some launch parameters set."""
+    return replace(verify.config(q, k_cache, block_m=block_m), **launch)
 
 
 def setup(B, q_len, hq, hkv, D, lens, fp8, seed=0, max_len=None, slots=None, vt=False):
@@ -130,7 +133,8 @@ def test_kv_cache_written_then_attended(fp8):
         write_kv(k[:, lo:hi], v[:, lo:hi], kc, vc, ks, vs, rows, lens)
     q = torch.randn(2, 3, hq, D, generator=gen).bfloat16().to(DEV)
     out = torch.full_like(q, float("nan"))
-    verify_attention(q, kc, vc, ks, vs, rows, lens, out, alloc_partials(2, hq, 8, 3, D, DEV), 3, block_n=16)
+    verify_attention(q, kc, vc, ks, vs, rows, lens, out, alloc_partials(2, hq, 8, 3, D, DEV), 3,
+                     cfg=triton_cfg(q, kc, block_n=16))
     assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, lens)) < 1e-2
 
 
@@ -153,27 +157,28 @@ def test_verify_attention(B, q_len, hq, hkv, D, lens, nseg, fp8, block_n):
     q, kc, vc, ks, vs, rows, kv_lens = setup(B, q_len, hq, hkv, D, lens, fp8, vt=vt)
     out = torch.full_like(q, float("nan"))
     partials = alloc_partials(B + 1, hq, 8, 4, D, DEV).fill_(float("nan"))
-    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, block_n=block_n,
-                     fresh=None if vt else q_len)
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, fresh=None if vt else q_len,
+                     cfg=triton_cfg(q, kc, block_n=block_n))
     ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
     assert not out.isnan().any()
     assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
 
 
 @pytest.mark.parametrize("fp8,nseg", [(True, 3), (False, 3)])
+@pytest.mark.slow
 def test_verify_rows_are_width_invariant(fp8, nseg):
     """A token decoded alone (q_len 1, kv_len L + 1) and the same token first in a 5-token verify (kv_len L + 5) get
-    bitwise the same output from the same launch (segments hold tiles at absolute positions)."""
+    bitwise the same output from the same Config (segments hold tiles at absolute positions)."""
     # kv_len 146 vs 142: 3 segments of the old kind (a whole number of tiles after kv_len / nseg) differ: 64 vs 48
     q, kc, vc, ks, vs, rows, _ = setup(2, 5, 6, 2, 32, [146, 99], fp8, vt=fp8)
     lens = torch.tensor([146, 99], dtype=torch.int32, device=DEV)
     part = alloc_partials(2, 6, 8, nseg, 32, DEV)
     verify = torch.empty_like(q, dtype=torch.float32)          # fp32 outputs: no rounding hides a difference
-    verify_attention(q, kc, vc, ks, vs, rows, lens, verify, part, nseg, block_m=32, block_n=16)
+    cfg = triton_cfg(q, kc, block_m=32, block_n=16)
+    verify_attention(q, kc, vc, ks, vs, rows, lens, verify, part, nseg, cfg=cfg)
     for i in range(5):
         alone = torch.empty_like(verify[:, i:i + 1])
-        verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, lens - 4 + i, alone, part, nseg,
-                         block_m=32, block_n=16)
+        verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, lens - 4 + i, alone, part, nseg, cfg=cfg)
         assert torch.equal(alone[:, 0], verify[:, i])
 
 
@@ -183,7 +188,7 @@ def test_verify_padding_row_outputs_zero():
     out = torch.full_like(q, float("nan"))
     for nseg in (1, 3):
         verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(2, 4, 2, 3, 16, DEV), nseg,
-                         block_n=16)
+                         cfg=triton_cfg(q, kc, block_n=16))
         assert (out[0] == 0).all()
         assert rel_err(out[1], attention_ref(q, kc, vc, ks, vs, rows, kv_lens)[1]) < 1e-2
 
@@ -193,7 +198,7 @@ def test_prefill_attention(fp8):
     # 2 sequences, 20 new tokens each after 31 / 0 cached ones; G = 3 → 60 packed rows = 4 tiles of 16
     q, kc, vc, ks, vs, rows, kv_lens = setup(2, 20, 6, 2, 16, [51, 20], fp8)
     out = torch.full_like(q, float("nan"))
-    prefill_attention(q, kc, vc, ks, vs, rows, kv_lens, out, block_m=16, block_n=16, num_warps=4)
+    prefill_attention(q, kc, vc, ks, vs, rows, kv_lens, out, cfg=triton_cfg(q, kc, 16, block_n=16, num_warps=4))
     ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
     assert not out.isnan().any()
     assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
@@ -202,6 +207,15 @@ def test_prefill_attention(fp8):
 def test_choose_nseg():
     assert choose_nseg(1, 4, 132) == 64 and choose_nseg(8, 4, 132) == 8 and choose_nseg(64, 4, 132) == 1
     assert choose_nseg(16, 4, 82) == 2 and choose_nseg(512, 4, 82) == 1
+
+
+def test_verify_config():
+    """Off sm_90 the Triton kernel takes every call; q_max sizes a decode step's rows as its verify step's."""
+    q, kc, vc, *_ = setup(2, 1, 24, 4, 32, [9, 9], True, vt=True)
+    cfg = verify_config(q, kc, vc)
+    assert isinstance(cfg, verify.Config) and cfg.block_m == 16 and cfg.kv_fmt == KV_FP8_BITS
+    assert verify_config(q, kc, vc, q_max=5) == verify.config(q[:, [0] * 5], kc) != cfg
+    assert verify_gluon.config(q, kc, q_max=5) == verify_gluon.Config(32) == verify_gluon.config(q[:, [0] * 5], kc)
 
 
 # ---- GPU, 27B shapes -------------------------------------------------------------------------------------
@@ -216,14 +230,10 @@ def test_verify_attention_27b(kv_fmt, nseg, vt):
     q, kc, vc, ks, vs, rows, kv_lens = setup(4, 5, 24, 4, 256, lens, fp8, vt=vt)
     out = torch.full_like(q, float("nan"))
     partials = alloc_partials(4, 24, 8, 64, 256, DEV).fill_(float("nan"))
-    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, kv_fmt=kv_fmt)
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, cfg=verify_config(q, kc, vc, kv_fmt))
     ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
     assert not out.isnan().any()
     assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
-
-
-# BLOCK_N, warps, stages
-LAUNCH_CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 8, 2), (32, 4, 2), (32, 8, 3), (128, 8, 2), (128, 4, 2)]
 
 
 @pytest.mark.gpu
@@ -232,8 +242,8 @@ LAUNCH_CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 8, 2), (32, 4, 2), (32, 8, 3), (1
 def test_verify_launch_configs_27b(kv_fmt, block_n, num_warps, num_stages):
     q, kc, vc, ks, vs, rows, kv_lens = setup(2, 5, 24, 4, 256, [3000, 130], kv_fmt is not None)
     out = torch.full_like(q, float("nan"))
-    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(2, 24, 8, 16, 256, DEV), 16,
-                     kv_fmt=kv_fmt, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    cfg = replace(verify.config(q, kc, kv_fmt), block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(2, 24, 8, 16, 256, DEV), 16, cfg=cfg)
     assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
 
 
@@ -245,7 +255,7 @@ def test_verify_attention_output_gate(nseg):
     gate = torch.rand(*q.shape[:3], 2 * q.shape[3], device=DEV).to(q.dtype)[..., 16:]
     out = torch.full_like(q, float("nan"))
     verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, alloc_partials(2, 4, 8, 3, 16, DEV), nseg, gate=gate,
-                     block_n=16)
+                     cfg=triton_cfg(q, kc, block_n=16))
     ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens) * gate.float()
     assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
 
@@ -273,7 +283,7 @@ def test_verify_output_gate_27b(nseg):
 @pytest.mark.parametrize("B,nseg", [(1, 64), (8, 8)])
 def test_verify_batch_buckets_27b(B, nseg):
     """One sequence (the combine on quarter heads) and 8 (whole heads, combine_block_d) × 24 heads: against the
-    reference, and each token decoded alone bitwise equal to its row of the verify."""
+    reference, and each token decoded alone (at a Config for the verify's 5 tokens) bitwise equal to its row."""
     lens = [16384, 1536, 5, 777, 64, 65, 3000, 129][:B]
     q, kc, vc, ks, vs, rows, kv_lens = setup(B, 5, 24, 4, 256, lens, True, vt=True)
     assert combine_block_d(B, 24, 256) == (64 if B == 1 else 256)
@@ -284,12 +294,10 @@ def test_verify_batch_buckets_27b(B, nseg):
     assert rel_err(verify, ref) < 1e-2 and max_rel(verify, ref) < 3e-2
     for i in range(5):
         alone = torch.empty_like(verify[:, i:i + 1])
-        verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, kv_lens - 4 + i, alone, part, nseg,
-                         block_m=32)
+        one = q[:, i:i + 1].contiguous()
+        verify_attention(one, kc, vc, ks, vs, rows, kv_lens - 4 + i, alone, part, nseg,
+                         cfg=verify_config(one, kc, vc, q_max=5))
         assert torch.equal(alone[:, 0], verify[:, i])
-
-
-PREFILL_CONFIGS = [(64, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2)]  # BLOCK_M, N, warps, stages
 
 
 @pytest.mark.gpu
@@ -298,8 +306,8 @@ PREFILL_CONFIGS = [(64, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4,
 def test_prefill_launch_configs_27b(fp8, block_m, block_n, num_warps, num_stages):
     q, kc, vc, ks, vs, rows, kv_lens = setup(1, 200, 24, 4, 256, [333], fp8)
     out = torch.full_like(q, float("nan"))
-    prefill_attention(q, kc, vc, ks, vs, rows, kv_lens, out, block_m=block_m, block_n=block_n,
-                      num_warps=num_warps, num_stages=num_stages)
+    cfg = replace(prefill.config(q, kc), block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    prefill_attention(q, kc, vc, ks, vs, rows, kv_lens, out, cfg=cfg)
     assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
 
 
@@ -338,7 +346,7 @@ def test_verify_graph_capture():
     assert rel_err(out, attention_ref(q, kc, vc, ks, vs, rows, kv_lens)) < 1e-2
 
 
-# ---- the Gluon kernel (sm_90 wgmma, kernels/attention_verify_gluon.py) -------------------------------------
+# ---- the Gluon kernel (sm_90 wgmma, kernels/attention/verify_gluon.py) -------------------------------------
 
 def hopper():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -370,8 +378,8 @@ def test_verify_attention_gluon(B, q_len, hq, hkv, D, lens, nseg, gated, padding
     gate = torch.rand_like(q) if gated else None
     out = torch.full_like(q, float("nan"))
     partials = alloc_partials(B, hq, 8, 64, D, DEV).fill_(float("nan"))
-    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, gate=gate, kv_fmt=KV_FP8_NATIVE,
-                     gluon=True)
+    verify_attention(q, kc, vc, ks, vs, rows, kv_lens, out, partials, nseg, gate=gate,
+                     cfg=verify_gluon.config(q, kc))
     ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens) * (gate.float() if gated else 1)
     assert not out.isnan().any()
     assert rel_err(out, ref) < 1e-2 and max_rel(out, ref) < 3e-2
@@ -388,11 +396,12 @@ def test_verify_rows_are_width_invariant_gluon():
     lens = torch.tensor([3010, 99], dtype=torch.int32, device=DEV)
     part = alloc_partials(2, 24, 8, 16, 256, DEV)
     verify = torch.empty_like(q, dtype=torch.float32)
-    verify_attention(q, kc, vc, ks, vs, rows, lens, verify, part, 16, block_m=32, kv_fmt=KV_FP8_NATIVE, gluon=True)
+    cfg = verify_gluon.config(q, kc)
+    assert cfg == verify_gluon.Config(32)
+    verify_attention(q, kc, vc, ks, vs, rows, lens, verify, part, 16, cfg=cfg)
     for i in range(5):
         alone = torch.empty_like(verify[:, i:i + 1])
-        verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, lens - 4 + i, alone, part, 16,
-                         block_m=32, kv_fmt=KV_FP8_NATIVE, gluon=True)
+        verify_attention(q[:, i:i + 1].contiguous(), kc, vc, ks, vs, rows, lens - 4 + i, alone, part, 16, cfg=cfg)
         assert torch.equal(alone[:, 0], verify[:, i])
 
 
@@ -411,8 +420,8 @@ def test_verify_attention_gluon_fresh_keys(lens, nseg):
 
     def step(dst, fresh):
         write_kv(k_new, v_new, kc, vc, ks, vs, rows, kv_lens)
-        verify_attention(q, kc, vc, ks, vs, rows, kv_lens, dst, partials, nseg, kv_fmt=KV_FP8_NATIVE, gluon=True,
-                         fresh=fresh)
+        verify_attention(q, kc, vc, ks, vs, rows, kv_lens, dst, partials, nseg, fresh=fresh,
+                         cfg=verify_gluon.config(q, kc))
 
     step(out, None)
     ref = attention_ref(q, kc, vc, ks, vs, rows, kv_lens)
@@ -453,8 +462,8 @@ def test_verify_attention_gluon_slot_past_cache(nseg, past):
         rows[0] = slot
         outs.append(torch.full_like(q, math.nan))
         verify_attention(q, kc, vc, ks, vs, rows, kv_lens, outs[-1],
-                         alloc_partials(3, 24, 8, 16, 256, DEV).fill_(math.nan), nseg, kv_fmt=KV_FP8_NATIVE,
-                         gluon=True)
+                         alloc_partials(3, 24, 8, 16, 256, DEV).fill_(math.nan), nseg,
+                         cfg=verify_gluon.config(q, kc))
     assert (outs[1][0] == 0).all() and torch.equal(outs[1], outs[0])
 
 
@@ -464,6 +473,6 @@ def test_prefill_padding_row_outputs_zero():
     q, kc, vc, ks, vs, rows, kv_lens = setup(2, 20, 6, 2, 16, [51, 20], True)
     rows[0] = -1
     out = torch.full_like(q, float("nan"))
-    prefill_attention(q, kc, vc, ks, vs, rows, kv_lens, out, block_m=16, block_n=16, num_warps=4)
+    prefill_attention(q, kc, vc, ks, vs, rows, kv_lens, out, cfg=triton_cfg(q, kc, 16, block_n=16, num_warps=4))
     assert (out[0] == 0).all()
     assert rel_err(out[1], attention_ref(q, kc, vc, ks, vs, rows, kv_lens)[1]) < 1e-2

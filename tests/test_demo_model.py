@@ -1,12 +1,12 @@
-"""The committed demo checkpoint (models/demo/) and the code that makes it (bench/demo, bench/train_demo)."""
+"""The committed demo checkpoint (models/demo/) and the code that makes it (tools/demo)."""
 import json
 import os
 
 import pytest
 import torch
 
-from bench.demo import corpus, export
-from bench.train_demo import MTP_WEIGHTS, init_weights, losses
+from tools.demo import corpus, export
+from tools.demo.train import MTP_WEIGHTS, init_weights, losses
 from layers.checkpoint import load_model
 from layers.config import ModelConfig
 from layers.model import Qwen35Model

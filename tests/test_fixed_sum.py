@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from kernels import norms as N
+from kernels.attention import kv_cache
 from kernels.fixed_sum import FRAC, to_bf16_ref
 from kernels.gdn import causal_conv1d
-from kernels.kv_write import kv_cache
-from layers.model import rope_tables
+from kernels.norms.ref import rope_tables
+from kernels.norms.silu import Config as SiluConfig
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BF16 = torch.bfloat16
@@ -60,8 +61,8 @@ def test_silu_mul_takes_sums(quant, write_y):
     T, I = 3, 1000
     sums = random_sums(T, 2 * I, seed=2)
     acts = to_bf16_ref(sums.cpu()).to(DEV)
-    want = N.silu_mul(acts[:, :I], acts[:, I:], quant=quant, write_y=write_y, block=256)
-    got = N.silu_mul(sums[:, :I], sums[:, I:], quant=quant, write_y=write_y, block=256)
+    want = N.silu_mul(acts[:, :I], acts[:, I:], quant=quant, write_y=write_y, cfg=SiluConfig(256))
+    got = N.silu_mul(sums[:, :I], sums[:, I:], quant=quant, write_y=write_y, cfg=SiluConfig(256))
     got, want = (got, want) if quant else ((got,), (want,))
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert_cleared(sums)

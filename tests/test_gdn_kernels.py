@@ -166,6 +166,7 @@ def test_verify_strided_inputs_and_decode_steps():
     (70, 32, 16, torch.float16, False),
     (70, 32, 16, torch.float16, True),
 ])
+@pytest.mark.slow
 def test_prefill_matches_recurrence(L, chunk, dk, state_dtype, dk_fastest):
     B, HV, HK, DV = 2, 4, 2, 32
     q, k, v, a, b, A_log, dt_bias = gdn_inputs(B, L, HV, HK, dk, DV, seed=L)
@@ -211,6 +212,7 @@ def test_conv_matches_reference(L, k_drafts, use_na, x_dtype, state_dtype):
 
 # --- whole speculative rounds: prefill, then verify rounds with random acceptance ---------------------------------
 
+@pytest.mark.slow
 def test_spec_rounds_match_full_sequence():
     """Conv + GDN of the committed stream over prefill + verify rounds (rejected drafts are garbage) equal the
     conv + recurrence over the committed stream in one go: slot columns, conv window offsets and the
@@ -356,6 +358,7 @@ def test_gpu_conv_27b(L, use_na):
     assert rel_err(y, ref) < 1e-2 and torch.equal(state, ref_state)
 
 
+@pytest.mark.slow
 def test_prefill_negative_final_slot_writes_no_state():
     """final_slots < 0: the sequence's output as ever, its final state written nowhere (only initial < 0 is tested
     above)."""

@@ -27,6 +27,7 @@ def setup(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 4])
+@pytest.mark.slow
 def test_greedy_equals_transformers(setup, k):
     ref, gen = setup
     prompt = torch.randint(0, 300, (13,), generator=torch.Generator().manual_seed(k)).tolist()
@@ -53,6 +54,7 @@ def oracle_drafts(monkeypatch, prompt, want, right=0.75):
     monkeypatch.setattr(Generator, "_draft", oracle)
 
 
+@pytest.mark.slow
 def test_greedy_unchanged_by_partly_right_drafts(setup, monkeypatch):
     """With oracle drafts every acceptance count 0…k occurs and the output stays the same, which it only does if
     KV, conv and recurrent state roll back exactly."""
@@ -69,6 +71,7 @@ def test_greedy_unchanged_by_partly_right_drafts(setup, monkeypatch):
     assert len(seen) > 3
 
 
+@pytest.mark.slow
 def test_where_a_caller_stops_and_the_counts_do_not_depend_on_spec_k(setup, monkeypatch):
     """Several tokens a step (right drafts): a callback that stops after 5 tokens gets 5 at every spec_k (the step's
     whole chunk was output before), and `accepted` counts only drafts that were output (not those past a stop id or
@@ -88,6 +91,7 @@ def test_where_a_caller_stops_and_the_counts_do_not_depend_on_spec_k(setup, monk
             assert out.stats.accepted == sum(out.stats.accepted_per_position)
 
 
+@pytest.mark.slow
 def test_logprobs_are_the_models_with_and_without_drafting(setup, monkeypatch):
     """Each generated token's log-probability and top alternatives are log_softmax of the model's raw logits at its
     position (transformers' own logits), the same whether the token came from decoding or from a verify step that
@@ -226,6 +230,7 @@ def markov():
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=4, top_p=0.9)])
+@pytest.mark.slow
 def test_speculative_sampling_is_exact(markov, params):
     """Rounds of k = 3 drafts from a different Markov chain emit tokens distributed exactly as the target.
 
@@ -237,6 +242,7 @@ def test_speculative_sampling_is_exact(markov, params):
     assert emitted_fit(P, params, emitted, 3) > 1e-4
 
 
+@pytest.mark.slow
 def test_wrong_residual_is_detected(markov, monkeypatch):
     P, Q = markov
     monkeypatch.setattr(sampling, "residual", lambda p, q: p)
@@ -244,12 +250,14 @@ def test_wrong_residual_is_detected(markov, monkeypatch):
     assert emitted_fit(P, SamplingParams(1.0), emitted, 3) < 1e-8
 
 
+@pytest.mark.slow
 def test_wrong_bonus_is_detected(markov):
     P, Q = markov
     emitted, _ = markov_round(P, Q, 3, SamplingParams(1.0), 40000, seed=1, bonus_row=2)
     assert emitted_fit(P, SamplingParams(1.0), emitted, 3) < 1e-8
 
 
+@pytest.mark.slow
 def test_generator_samples_from_the_target(tmp_path):
     """End to end on a 16-token vocabulary: the second generated token (the first decided by a speculative round)
     must follow Σ_y1 p(y1 | prompt) p(y2 | prompt, y1), computed exactly from the model."""

@@ -1,12 +1,13 @@
-"""The Gluon int4 GEMV (kernels/int4_gemv.py) against the dequantising reference. Gluon has no interpreter, so
+"""The Gluon int4 GEMV (kernels/int4/gemv.py) against the dequantising reference. Gluon has no interpreter, so
 these run on a GPU only; on the CPU the kernel is compiled for sm_86/sm_90 by tests/test_kernels_compile.py and
 the same function is covered by int4_linear's interpreter tests."""
 import pytest
 import torch
 
-from kernels.int4_gemv import int4_gemv, supports
-from kernels.splitk import workspace
-from layers.quant import dequantize_int4, quantize_int4
+from kernels.int4 import gemv
+from kernels.int4.ref import int4_linear_ref
+from kernels.int4.splitk import workspace
+from layers.quant import quantize_int4
 from tests.fixtures import rel_err
 from tests.int4_cases import SHAPES_27B, check_graph_replay, int4_case
 
@@ -15,7 +16,12 @@ pytestmark = pytest.mark.gpu
 
 def case(m, n, k, xdt, sdt, seed):
     x, w = int4_case(m, n, k, xdt, sdt, seed)
-    return x, w, x.float() @ dequantize_int4(w).T
+    return x, w, int4_linear_ref(x, w)
+
+
+def int4_gemv(x, w, out, **override):
+    """The GEMV's launch for x's rows (gemv.config), with any of its fields overridden."""
+    return gemv.launch(x, w, out, gemv.config(x.numel() // x.shape[-1], w.n, w.k, x.device, **override))
 
 
 # M across the token widths (8, 16, 16 + 8), N an odd multiple of 8 (ragged last tile), K odd numbers of groups;
@@ -60,7 +66,7 @@ def test_int4_gemv_large_outputs(m):
 @pytest.mark.parametrize("m", [1, 5, 16, 20])
 def test_int4_gemv_27b_shapes(m, n, k):
     x, w, ref = case(m, n, k, torch.bfloat16, torch.float16, m + n)
-    assert supports(x, w)
+    assert gemv.supports(x, w)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     int4_gemv(x, w, out)
     assert rel_err(out, ref) < 6e-3, rel_err(out, ref)
@@ -118,7 +124,7 @@ def test_int4_gemv_strided_rows_and_graph_replay(m):
     x = torch.randn(m, 6144 + 128, device="cuda").bfloat16()[:, 64:64 + 6144]    # row stride 6272
     w = quantize_int4(torch.randn(5120, 6144, device="cuda"))
     out = torch.empty(m, 5120, dtype=torch.bfloat16, device="cuda")
-    check_graph_replay(lambda: int4_gemv(x, w, out), x, out, lambda x: x.float() @ dequantize_int4(w).T)
+    check_graph_replay(lambda: int4_gemv(x, w, out), x, out, lambda x: int4_linear_ref(x, w))
 
 
 @pytest.mark.parametrize("n,k", SHAPES_27B)

@@ -1,12 +1,16 @@
-"""Int4 quantisation (layers/quant.py) and the int4-weight linears (kernels/int4_linear.py) against the
-dequantising reference. CPU cases run in the Triton interpreter at small odd shapes; GPU cases at the 27B shapes."""
+"""Int4 quantisation (layers/quant.py) and the int4-weight linears (kernels/int4) against the dequantising reference
+(kernels/int4/ref.py). CPU cases run in the Triton interpreter at small odd shapes; GPU cases at the 27B shapes; the
+dispatch at every engine shape on a simulated H200 and RTX 3090."""
 import pytest
 import torch
 
-from kernels.int4_linear import NATURAL, WEIGHTS_A, Config, int4_linear, pick_config, w4a8_linear
-from kernels.splitk import workspace
-from layers.quant import (a8_k, a8_permute, concat_outputs, dequantize_int4, int4_from_gptq, mma_k, pack_int4,
-                          pack_mma, quantize_act_int8, quantize_int4, unpack_int4, unpack_mma)
+from kernels import device as gpu
+from kernels.int4 import config, gemv, int4_linear, mma, w4a8_linear, wgmma_ws
+from kernels.int4.mma import CODES, NATURAL, WEIGHTS_A, Config
+from kernels.int4.ref import int4_linear_ref, w4a8_linear_ref
+from kernels.int4.splitk import workspace
+from layers.quant import (Int4Weight, a8_k, a8_permute, concat_outputs, dequantize_int4, int4_from_gptq, mma_k,
+                          pack_int4, pack_mma, quantize_act_int8, quantize_int4, unpack_int4, unpack_mma)
 from tests.fixtures import rel_err
 from tests.int4_cases import SHAPES_27B
 
@@ -54,7 +58,7 @@ def test_mma_layout():
 
 
 def test_a8_operand_order():
-    """The W4A8 wgmma operand (kernels/int4_wgmma._a_operand_i8), modelled here: word 4t + w of a column unpacked as
+    """The W4A8 wgmma operand (kernels/int4/wgmma_ws._a_operand_i8), modelled here: word 4t + w of a column unpacked as
     bytes q of (word >> 4r) & 0x0F0F0F0F fills slot k' = 32w + 16r + 4t + q; against activations in a8_permute's
     order every slot meets its own k, so the dot product is the dequantised one."""
     gen = torch.Generator().manual_seed(6)
@@ -153,7 +157,7 @@ def test_int4_linear(m, n, k, sym, sdt, xdt, cfg):
     x = torch.randn(m, k, generator=gen).to(xdt).to(DEV)
     out = torch.full((m, n), float("nan"), dtype=torch.float32, device=DEV)      # poisoned, fp32 to see all bits
     int4_linear(x, w, out=out, cfg=cfg)
-    ref = x.float() @ dequantize_int4(w).T
+    ref = int4_linear_ref(x, w)
     assert not out.isnan().any()
     tol = 4e-3                                 # the GPU rounds each scaled weight to x's dtype before the mma
     assert rel_err(out, ref) < tol, rel_err(out, ref)
@@ -167,7 +171,7 @@ def test_int4_linear_strided_and_default_output():
     x = xbig[:, 10:266]                                                    # row stride 300
     obig = torch.full((3, 50), float("nan"), dtype=torch.bfloat16, device=DEV)
     int4_linear(x, w, out=obig[:, 5:45], cfg=Config(16, 32, 2))
-    ref = x.float() @ dequantize_int4(w).T
+    ref = int4_linear_ref(x, w)
     assert rel_err(obig[:, 5:45], ref) < 5e-3
     assert obig[:, :5].isnan().all() and obig[:, 45:].isnan().all()          # nothing written outside the view
     out = int4_linear(x.reshape(1, 3, 256).contiguous(), w, cfg=Config(16, 64, 1))
@@ -186,7 +190,8 @@ def test_split_k_leaves_workspace_zero_and_repeats_exactly():
     assert not ws.any() and not cnt.any()
 
 
-@pytest.mark.parametrize("m,n,k,sym,cfg", [(1, 40, 256, True, Config(16, 64, 2)), (9, 136, 384, False, Config(16, 64, 3)),
+@pytest.mark.parametrize("m,n,k,sym,cfg", [(1, 40, 256, True, Config(16, 64, 2)),
+                                           (9, 136, 384, False, Config(16, 64, 3)),
                                            (17, 40, 128, True, Config(32, 32, 1, form=WEIGHTS_A)),
                                            (5, 136, 256, False, Config(16, 64, 2, form=WEIGHTS_A)),
                                            (33, 40, 384, True, Config(32, 32, 2, form=NATURAL)),
@@ -198,22 +203,55 @@ def test_w4a8_linear(m, n, k, sym, cfg):
     xq, s_a = quantize_act_int8(x)
     out = torch.full((m, n), float("nan"), dtype=torch.float32, device=DEV)
     w4a8_linear(xq, s_a, w, out=out, cfg=cfg)
-    ref = (xq.float() * s_a[:, None]) @ dequantize_int4(w).T                # exact int8 codes × int4 codes
+    ref = w4a8_linear_ref(xq, s_a, w)                                       # exact int8 codes × int4 codes
     assert rel_err(out, ref) < 1e-5, rel_err(out, ref)
     out_a8 = w4a8_linear(a8_permute(xq), s_a, w, out_dtype=torch.float32, cfg=cfg, a8_order=True)
     assert rel_err(out_a8, ref) < 1e-5                                       # given in the operand's k order
 
 
-def test_pick_config_splits_evenly():
+def test_mma_config_splits_evenly():
     for m in (1, 5, 64, 320):
         for n, k in SHAPES_27B:
-            cfg = pick_config(m, n, k, torch.device(DEV))
+            cfg = mma.config(m, n, k, torch.device(DEV))
             groups = k // 128
             per = -(-groups // cfg.split_k)
             assert (cfg.split_k - 1) * per < groups                          # no empty split
             if m <= 16:
                 assert cfg.block_m == 16
-            assert pick_config(m, n, k, torch.device(DEV), a8=True).form != NATURAL    # W4A8 keeps WEIGHTS_A
+            assert mma.config(m, n, k, torch.device(DEV), a8=True).form != NATURAL    # W4A8 keeps WEIGHTS_A
+
+
+# --- dispatch: the variant each engine shape takes ---------------------------------------------------------
+
+H200, RTX3090 = gpu.Gpu((9, 0), 132, 233472), gpu.Gpu((8, 6), 82, 102400)
+ENGINE_ROWS = list(range(1, 321)) + [512, 1024, 2048, 4096]      # 1-64 sequences × 1-5 tokens; prefill chunks
+
+
+def dispatched(m, n, k, card, a8=False, sym=True):
+    """The Config kernels.int4.config picks for m rows of an (n, k) linear on a simulated GPU (meta tensors)."""
+    meta = dict(device="meta")
+    scales = torch.empty(k // 128, n, dtype=torch.float16, **meta)
+    w = Int4Weight(torch.empty(k // 128, n, 16, dtype=torch.int32, **meta), scales, None if sym else scales)
+    x = torch.empty(m, k, dtype=torch.int8 if a8 else torch.bfloat16, **meta)
+    with gpu.simulated(card):
+        return config(x, w)
+
+
+@pytest.mark.parametrize("n,k", SHAPES_27B)
+def test_dispatch_at_engine_shapes(n, k):
+    """Each variant and form is the one taken somewhere: the GEMV up to 24 rows (sm_90 and sm_86), the
+    warp-specialised wgmma GEMM beyond on sm_90 (W4A8 from 65 rows), the Triton kernel on sm_86 beyond 24 rows
+    (CODES), for W4A8 below 65 rows (CODES, WEIGHTS_A) and for asymmetric weights (all three forms on sm_90)."""
+    for m in ENGINE_ROWS:
+        c = dispatched(m, n, k, H200)
+        assert isinstance(c, gemv.Config if m <= 24 else wgmma_ws.Config), (m, c)
+        c = dispatched(m, n, k, H200, a8=True)
+        assert isinstance(c, wgmma_ws.Config) if m >= 65 else c.form == (CODES if m <= 16 else WEIGHTS_A), (m, c)
+        c = dispatched(m, n, k, H200, sym=False)
+        assert c.form == (CODES if m <= 16 else WEIGHTS_A if m <= 64 else NATURAL), (m, c)
+        c = dispatched(m, n, k, RTX3090)
+        assert isinstance(c, gemv.Config) if m <= 24 else c.form == CODES, (m, c)
+        assert dispatched(m, n, k, RTX3090, a8=True).form == CODES, m
 
 
 # --- GPU, the 27B shapes -----------------------------------------------------------------------------------
@@ -226,11 +264,11 @@ def test_int4_linear_27b_shapes(m, n, k):
     w = quantize_int4(torch.randn(n, k, device="cuda", generator=gen), sym=(n != 5120))
     x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
     out = int4_linear(x, w)
-    ref = x.float() @ dequantize_int4(w).T
+    ref = int4_linear_ref(x, w)
     assert rel_err(out, ref) < 6e-3, rel_err(out, ref)
     xq, s_a = quantize_act_int8(x)
     out8 = w4a8_linear(xq, s_a, w)
-    ref8 = (xq.float() * s_a[:, None]) @ dequantize_int4(w).T
+    ref8 = w4a8_linear_ref(xq, s_a, w)
     assert rel_err(out8, ref8) < 6e-3, rel_err(out8, ref8)
     out8 = w4a8_linear(a8_permute(xq), s_a, w, a8_order=True)             # given in the operand's k order
     assert rel_err(out8, ref8) < 6e-3, rel_err(out8, ref8)
@@ -241,12 +279,12 @@ def test_int4_linear_cuda_graph_replay():
     w = quantize_int4(torch.randn(5120, 6144, device="cuda"))
     x = torch.randn(3, 6144, device="cuda").bfloat16()
     out = torch.empty(3, 5120, device="cuda", dtype=torch.bfloat16)
-    assert pick_config(3, 5120, 6144, x.device).split_k > 1
+    assert mma.config(3, 5120, 6144, x.device).split_k > 1
     int4_linear(x, w, out=out)                                              # warm-up: compiles, sizes the workspace
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         int4_linear(x, w, out=out)
-    ref = (x.float() @ dequantize_int4(w).T)
+    ref = int4_linear_ref(x, w)
     for _ in range(3):
         out.fill_(float("nan"))
         graph.replay()
@@ -254,4 +292,4 @@ def test_int4_linear_cuda_graph_replay():
         assert rel_err(out, ref) < 6e-3
     x.copy_(torch.randn_like(x))
     graph.replay()
-    assert rel_err(out, x.float() @ dequantize_int4(w).T) < 6e-3
+    assert rel_err(out, int4_linear_ref(x, w)) < 6e-3

@@ -1,14 +1,13 @@
-"""The Gluon wgmma int4 GEMMs (kernels/int4_wgmma.py and its warp-specialised form, int4_wgmma_ws.py) against the
-dequantising reference. Gluon has no interpreter
-and wgmma needs sm_90, so these run on a Hopper GPU only; on the CPU the kernel is compiled for sm_90 by
-tests/test_kernels_compile.py, and int4_linear's interpreter tests cover the same function."""
+"""The warp-specialised Gluon wgmma int4 GEMM (kernels/int4/wgmma_ws.py) against the dequantising reference. Gluon
+has no interpreter and wgmma needs sm_90, so these run on a Hopper GPU only; on the CPU the kernel is compiled for
+sm_90 by tests/test_kernels_compile.py, and int4_linear's interpreter tests cover the same function."""
 import pytest
 import torch
 
-from kernels.int4_linear import int4_linear, w4a8_linear
-from kernels.int4_wgmma import MIN_ROWS, int4_wgmma, pick, supports
-from kernels.int4_wgmma_ws import PIECES, int4_wgmma_ws, pick as ws_pick
-from kernels.splitk import workspace
+from kernels.int4 import config, int4_linear, w4a8_linear, wgmma_ws
+from kernels.int4.ref import int4_linear_ref, w4a8_linear_ref
+from kernels.int4.splitk import workspace
+from kernels.int4.wgmma_ws import PIECES
 from layers.quant import Int4Weight, a8_permute, dequantize_int4, quantize_act_int8, quantize_int4
 from tests.fixtures import rel_err
 from tests.int4_cases import SHAPES_27B, check_graph_replay, int4_case
@@ -23,29 +22,6 @@ def rounded_ref(x, w):
     return x.float() @ w16.float().T
 
 
-# M: one ragged token tile, several, tails of 1; N: odd multiples of 8 (ragged column tile); K: odd numbers of
-# groups (splits that end unevenly, one group each); both token tiles, one warpgroup (LAUNCH) or two (WIDE) per CTA,
-# 2-5 ring stages, split and not; the overlapped loop (pairs of groups: even counts, splits of 3 and of 5 + 4 pairs;
-# 32-token tiles)
-@pytest.mark.parametrize("m,n,k,xdt,sdt,cfg", [
-    (17, 136, 384, torch.bfloat16, torch.float16, dict(block_m=64, stages=2, splits=1)),
-    (40, 200, 640, torch.float16, torch.float16, dict(block_m=64, stages=4, splits=2)),
-    (64, 1032, 1152, torch.bfloat16, torch.bfloat16, dict(block_m=64, stages=5, splits=9, warps=8, ctas_per_sm=2)),
-    (65, 264, 896, torch.bfloat16, torch.float16, dict(block_m=64, stages=4, splits=3)),
-    (130, 136, 384, torch.float16, torch.bfloat16, dict(block_m=128, stages=3, splits=1, ctas_per_sm=2)),
-    (320, 520, 1408, torch.bfloat16, torch.float16, dict(block_m=128, stages=4, splits=1, warps=8, ctas_per_sm=1)),
-    (257, 392, 640, torch.bfloat16, torch.float16, dict(block_m=128, stages=4, splits=5, ctas_per_sm=2)),
-    (40, 200, 768, torch.float16, torch.float16, dict(block_m=64, stages=3, splits=1, overlap=True)),
-    (64, 1032, 2304, torch.bfloat16, torch.bfloat16, dict(block_m=64, stages=4, splits=3, ctas_per_sm=2, overlap=True)),
-    (65, 264, 2304, torch.bfloat16, torch.float16, dict(block_m=64, stages=3, splits=2, warps=8, ctas_per_sm=1,
-                                                        overlap=True)),
-    (130, 136, 512, torch.float16, torch.bfloat16, dict(block_m=128, stages=3, splits=1, ctas_per_sm=2, overlap=True)),
-    (27, 520, 1024, torch.bfloat16, torch.float16, dict(block_m=32, stages=4, splits=1, ctas_per_sm=3, overlap=True)),
-])
-def test_int4_wgmma(m, n, k, xdt, sdt, cfg):
-    assert_case(lambda x, w, out: int4_wgmma(x, w, out, **cfg), m, n, k, xdt, sdt)
-
-
 def assert_case(run, m, n, k, xdt, sdt):
     """run(x, w, out) on a random case writes every element of a poisoned fp32 out: the sums of the products the
     kernel multiplies, close to the exact dequantised product, and the split-K workspace left zeroed."""
@@ -54,29 +30,17 @@ def assert_case(run, m, n, k, xdt, sdt):
     run(x, w, out)
     assert not out.isnan().any()
     assert rel_err(out, rounded_ref(x, w)) < 1e-5, rel_err(out, rounded_ref(x, w))  # fp32 sums of the same products
-    assert rel_err(out, x.float() @ dequantize_int4(w).T) < 4e-3
+    assert rel_err(out, int4_linear_ref(x, w)) < 4e-3
     ws, cnt = workspace(x.device, 1, 1)
     assert not ws.any() and not cnt.any()                                # split tiles leave the workspace zeroed
     assert not workspace(x.device, 1, 1, PIECES)[1].any()                # and the stream-K counters
 
 
-@pytest.mark.parametrize("n,k", SHAPES_27B)
-@pytest.mark.parametrize("m", [25, 40, 64, 320])
-def test_int4_wgmma_27b_shapes(m, n, k):
-    x, w = int4_case(m, n, k, torch.bfloat16, torch.float16, m + n)
-    assert supports(x, w) and m >= MIN_ROWS
-    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    int4_wgmma(x, w, out)
-    assert rel_err(out, rounded_ref(x, w)) < 6e-3, (pick(m, n, k, x.device), rel_err(out, rounded_ref(x, w)))
-
-
-def test_int4_wgmma_graph_replay():
-    x = torch.randn(40, 6144 + 128, device="cuda").bfloat16()[:, 64:64 + 6144]    # row stride 6272
-    w = quantize_int4(torch.randn(5120, 6144, device="cuda"))
-    out = torch.empty(40, 5120, dtype=torch.bfloat16, device="cuda")
-    assert pick(40, 5120, 6144, x.device)["splits"] > 1
-    check_graph_replay(lambda: int4_wgmma(x, w, out), x, out, lambda x: rounded_ref(x, w))
-
+def ws_config(x, w, cfg, **override):
+    """wgmma_ws.config for x's rows with the cut (BM, BM2, programs) given."""
+    bm, bm2, programs = cfg
+    return wgmma_ws.config(x.numel() // x.shape[-1], w.n, w.k, x.device, x.dtype == torch.int8, bm=bm, bm2=bm2,
+                           programs=programs, **override)
 
 
 # The warp-specialised form: M ragged in both token tiles (the 32-token sub-tile partly or wholly past M, a last
@@ -107,7 +71,8 @@ WS_CASES = [
 
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg,overlap", WS_CASES)
 def test_int4_wgmma_ws(m, n, k, xdt, sdt, cfg, overlap):
-    assert_case(lambda x, w, out: int4_wgmma_ws(x, w, out, cfg, overlap=overlap), m, n, k, xdt, sdt)
+    assert_case(lambda x, w, out: wgmma_ws.launch(x, w, out, ws_config(x, w, cfg, overlap=overlap)), m, n, k, xdt,
+                sdt)
 
 
 @pytest.mark.parametrize("m,n,k,xdt,sdt,cfg,overlap", WS_CASES)
@@ -117,8 +82,8 @@ def test_int4_wgmma_ws_a8(m, n, k, xdt, sdt, cfg, overlap):
     x, w = int4_case(m, n, k, xdt, sdt, m * 1000 + n + k)
     xq, s_a = quantize_act_int8(x)
     out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")      # poisoned
-    int4_wgmma_ws(a8_permute(xq), w, out, cfg, x_scale=s_a)
-    ref = (xq.float() * s_a[:, None]) @ dequantize_int4(w).T
+    wgmma_ws.launch(a8_permute(xq), w, out, ws_config(xq, w, cfg), x_scale=s_a)
+    ref = w4a8_linear_ref(xq, s_a, w)
     assert not out.isnan().any()
     assert rel_err(out, ref) < 1e-5, rel_err(out, ref)
     assert not workspace(x.device, 1, 1, PIECES)[1].any()                # the stream-K counters left zeroed
@@ -129,7 +94,7 @@ def test_int4_wgmma_ws_a8(m, n, k, xdt, sdt, cfg, overlap):
 def test_int4_linear_ws_27b(m, n, k):
     """5 to 64 sequences verifying 4 drafts: int4_linear takes the warp-specialised form at every 27B shape."""
     x, w = int4_case(m, n, k, torch.bfloat16, torch.float16, m + n + k)
-    assert ws_pick(x, w) is not None
+    assert isinstance(config(x, w), wgmma_ws.Config)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     int4_linear(x, w, out=out)
     assert rel_err(out, rounded_ref(x, w)) < 6e-3
@@ -145,9 +110,9 @@ def test_int4_wgmma_ws_graph_replay(m, n, k, kind):
     x = torch.randn(m, k + 128, device="cuda").bfloat16()[:, 64:64 + k]            # row stride k + 128
     w = quantize_int4(torch.randn(n, k, device="cuda"))
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    bm, bm2, programs = ws_pick(x, w)
-    tiles = -(-n // 128) * -(-m // (bm + bm2))
-    assert kind == ("tiles" if programs == tiles else "pieces" if programs % tiles == 0 else "stream-K")
+    c = config(x, w)
+    tiles = -(-n // 128) * -(-m // (c.bm + c.bm2))
+    assert kind == ("tiles" if c.programs == tiles else "pieces" if c.programs % tiles == 0 else "stream-K")
     check_graph_replay(lambda: int4_linear(x, w, out=out), x, out, lambda x: rounded_ref(x, w))
 
 
@@ -159,8 +124,8 @@ def test_w4a8_ws_graph_replay(m, n, k, a8_order):
     s_a = torch.rand(m, device="cuda") * 0.01
     w = quantize_int4(torch.randn(n, k, device="cuda"))
     out = torch.empty(m, n, dtype=torch.float32, device="cuda")
-    assert ws_pick(xq, w) is not None
+    assert isinstance(config(xq, w), wgmma_ws.Config)
     x = a8_permute(xq) if a8_order else xq
     natural = (lambda x: a8_permute(x, inverse=True)) if a8_order else (lambda x: x)
     check_graph_replay(lambda: w4a8_linear(x, s_a, w, out=out, a8_order=a8_order), x, out,
-                       lambda x: (natural(x).float() * s_a[:, None]) @ dequantize_int4(w).T, tol=1e-5)
+                       lambda x: w4a8_linear_ref(natural(x), s_a, w), tol=1e-5)

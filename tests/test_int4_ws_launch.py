@@ -1,10 +1,10 @@
-"""The warp-specialised int4 GEMM's launch planner (kernels/int4_wgmma_ws.launch, stages_for): a pure function of
-the shape, checked on the CPU — what every launch it makes must satisfy, and the choices the H200 measurements in
-its docstring stand behind."""
+"""The warp-specialised int4 GEMM's launch planner (kernels/int4/wgmma_ws.plan, stages_for): a pure function of
+the shape, checked on the CPU — what every launch it makes must satisfy, and the choices the H200 measurements
+(docs/notes/int4.md) stand behind."""
 import pytest
 import triton
 
-from kernels import int4_wgmma_ws as ws
+from kernels.int4 import wgmma_ws as ws
 from tests.int4_cases import SHAPES_27B
 
 SMS = 132                                   # the H200's multiprocessors
@@ -16,11 +16,11 @@ def test_launch_invariants(n, k, a8):
     groups = k // 128
     unit = 2 if groups % 2 == 0 else 1
     for m in range(1, 4200, 7):
-        cfg = ws.launch(m, n, k, SMS, a8)
+        cfg = ws.plan(m, n, k, SMS, a8)
         if m < (ws.A8_MIN_ROWS if a8 else ws.MIN_ROWS):
             assert cfg is None
             continue
-        if cfg is None:                     # fewer programs than half the SMs: int4_wgmma.py keeps the call
+        if cfg is None:                     # fewer programs than half the SMs: the Triton kernel keeps the call
             continue
         bm, bm2, programs = cfg
         assert (bm, bm2) in (ws.SMALL_TILES if m <= ws.SMALL_ROWS else ws.TOKEN_TILES), (m, cfg)
@@ -56,4 +56,4 @@ def test_stages_fit_shared_memory():
     (32, 34816, 5120, (32, 0, 132)),        # or stream-K where whole tiles take three waves
 ])
 def test_launch_choices(m, n, k, cfg):
-    assert ws.launch(m, n, k, SMS) == cfg
+    assert ws.plan(m, n, k, SMS) == cfg

@@ -1,12 +1,13 @@
-"""Int8 per-row quantisation (layers/quant.py), the int8 linear (kernels/int8_linear.py) and the int8 embedding
-gather (kernels/int8_embedding.py) against the dequantising reference; CPU in the Triton interpreter at small odd
-shapes, GPU at the lm_head shape (248320 × 5120)."""
+"""Int8 per-row quantisation (layers/quant.py), the int8 linear and the int8 embedding gather (kernels/int8) against
+the dequantising references (kernels/int8/ref.py); CPU in the Triton interpreter at small odd shapes, GPU at the
+27B lm_head shape."""
 import pytest
 import torch
 
-from bench.kernels_int8 import GEMM_SWEEP, GEMV_SWEEP
-from kernels.int8_embedding import int8_embedding
-from kernels.int8_linear import Config, int8_linear, pick_config
+from kernels.int8 import embedding, int8_embedding, int8_linear, linear
+from kernels.int8.linear import GEMM_SWEEP, GEMV_SWEEP, Config
+from kernels.int8.ref import int8_embedding_ref, int8_linear_ref
+from layers.config import qwen38_27b
 from layers.quant import dequantize_int8, quantize_int8_rows
 from tests.fixtures import rel_err
 
@@ -36,7 +37,7 @@ CASES = [
     (6, 200, 160, torch.bfloat16, torch.float32, torch.float16, Config(16, 32, 64, parts=2)),
     (19, 136, 200, torch.bfloat16, torch.float32, torch.float16, Config(16, 32, 64, weights_a=True, parts=1)),
 ]
-# relative error of the activation planes (kernels/int8_linear.py), for randn rows of hundreds to thousands
+# relative error of the activation planes (kernels/int8/linear.py), for randn rows of hundreds to thousands
 PARTS_TOL = {1: 2e-2, 2: 2e-4, 3: 1e-5}
 
 
@@ -49,7 +50,7 @@ def test_int8_linear(m, n, k, xdt, odt, sdt, cfg):
     x = torch.randn(m, k, generator=gen).to(xdt).to(DEV)
     out = torch.full((m, n), float("nan"), dtype=odt, device=DEV)
     int8_linear(x, w, out=out, cfg=cfg)
-    ref = x.float() @ dequantize_int8(w).T
+    ref = int8_linear_ref(x, w)
     assert not out.isnan().any()
     tol = max(PARTS_TOL[cfg.parts], 1e-5 if odt == torch.float32 else 5e-3)
     assert rel_err(out, ref) < tol, rel_err(out, ref)
@@ -62,11 +63,11 @@ def test_int8_linear_default_output_and_strides():
     x = xbig[..., :128].contiguous()
     out = int8_linear(x, w, cfg=Config(16, 32, 64))
     assert out.shape == (2, 3, 40) and out.dtype == torch.bfloat16
-    assert rel_err(out, x.float() @ dequantize_int8(w).T) < 5e-3
+    assert rel_err(out, int8_linear_ref(x, w)) < 5e-3
     x2 = xbig[0, :, 16:144]                                                 # row stride 160
     obig = torch.full((3, 48), float("nan"), device=DEV)
     int8_linear(x2, w, out=obig[:, 4:44], cfg=Config(16, 32, 64))
-    assert rel_err(obig[:, 4:44], x2.float() @ dequantize_int8(w).T) < 1e-5
+    assert rel_err(obig[:, 4:44], int8_linear_ref(x2, w)) < 1e-5
     assert obig[:, :4].isnan().all() and obig[:, 44:].isnan().all()
 
 
@@ -76,20 +77,24 @@ def test_int8_embedding(odt):
     w = quantize_int8_rows(torch.randn(50, 300, generator=gen)).to(DEV)
     ids = torch.tensor([[3, 0, 49], [3, 17, 3]]).to(DEV)
     out = torch.full((2, 3, 300), float("nan"), dtype=odt, device=DEV)
-    int8_embedding(ids, w, out=out, block_k=128)
-    ref = dequantize_int8(w)[ids]
+    int8_embedding(ids, w, out=out, cfg=embedding.Config(block_k=128))
+    ref = int8_embedding_ref(ids, w)
     # one bf16 ulp: the interpreter truncates fp32 → bf16 where the GPU rounds
     tol = ref.abs() * 2**-7 if odt == torch.bfloat16 else 1e-6
     assert bool(((out.float() - ref).abs() <= tol).all())
     assert int8_embedding(ids[0, :0], w).shape == (0, 300)
     column = torch.tensor([[7, 3, 0], [41, 9, 2]], dtype=torch.int32, device=DEV)[:, 1]    # strided: step 1's drafts
-    assert torch.equal(int8_embedding(column, w, out_dtype=torch.float32), dequantize_int8(w)[column.long()])
+    assert torch.equal(int8_embedding(column, w, out_dtype=torch.float32), int8_embedding_ref(column, w))
+
+
+M27 = qwen38_27b()
+VOCAB, HIDDEN = M27.vocab_size, M27.hidden_size
 
 
 @pytest.fixture(scope="module")
 def lm_head():
     """A random int8 head of the 27B shape and its dequantised fp32 copy."""
-    w = quantize_int8_rows(torch.randn(248320, 5120, device="cuda"))
+    w = quantize_int8_rows(torch.randn(VOCAB, HIDDEN, device="cuda"))
     return w, dequantize_int8(w)
 
 
@@ -97,9 +102,9 @@ def lm_head():
 @pytest.mark.parametrize("m", [1, 5, 8, 64, 320])
 def test_int8_linear_lm_head(lm_head, m):
     w, wf = lm_head
-    x = torch.randn(m, 5120, device="cuda").bfloat16()
-    out = int8_linear(x, w, out=torch.full((m, 248320), float("nan"), device="cuda"))
-    tol = PARTS_TOL[pick_config(m, "cuda").parts]
+    x = torch.randn(m, HIDDEN, device="cuda").bfloat16()
+    out = int8_linear(x, w, out=torch.full((m, VOCAB), float("nan"), device="cuda"))
+    tol = PARTS_TOL[linear.config(m, "cuda").parts]
     assert rel_err(out, x.float() @ wf.T) < tol, rel_err(out, x.float() @ wf.T)
 
 
@@ -109,14 +114,14 @@ def test_int8_linear_lm_head_sweep(lm_head, cfg):
     """Every config the benchmark sweeps computes the head (M = 5, and two M-tiles, the second part-filled)."""
     w, wf = lm_head
     for m in (5, 2 * cfg.tokens - 1):
-        x = torch.randn(m, 5120, device="cuda").bfloat16()
-        out = int8_linear(x, w, out=torch.full((m, 248320), float("nan"), device="cuda"), cfg=cfg)
+        x = torch.randn(m, HIDDEN, device="cuda").bfloat16()
+        out = int8_linear(x, w, out=torch.full((m, VOCAB), float("nan"), device="cuda"), cfg=cfg)
         assert rel_err(out, x.float() @ wf.T) < PARTS_TOL[cfg.parts], (m, rel_err(out, x.float() @ wf.T))
 
 
 @pytest.mark.gpu
 def test_int8_embedding_vocab():
-    w = quantize_int8_rows(torch.randn(248320, 5120, device="cuda"))
-    ids = torch.randint(0, 248320, (300,), device="cuda")
+    w = quantize_int8_rows(torch.randn(VOCAB, HIDDEN, device="cuda"))
+    ids = torch.randint(0, VOCAB, (300,), device="cuda")
     out = int8_embedding(ids, w)
-    assert rel_err(out, dequantize_int8(w)[ids]) < 4e-3
+    assert rel_err(out, int8_embedding_ref(ids, w)) < 4e-3

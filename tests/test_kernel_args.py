@@ -5,9 +5,8 @@ error names the argument. (Each check runs before any launch: nothing here execu
 import pytest
 import torch
 
-from kernels.attention_verify import verify_attention
+from kernels.attention import verify_attention, write_kv
 from kernels.gdn import causal_conv1d, gdn_prefill, gdn_verify
-from kernels.kv_write import write_kv
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.sampler import SamplingTensors, rejection_sample, sample
 

@@ -8,11 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernels.attention_prefill import prefill_attention
-from kernels.attention_verify import alloc_partials, verify_attention
+from kernels.attention import alloc_partials, prefill_attention, verify, verify_attention, write_kv
 from kernels.gdn import causal_conv1d, chunked, gdn_prefill, gdn_verify, recurrent
-from kernels.int8_embedding import int8_embedding
-from kernels.kv_write import write_kv
+from kernels.int8 import int8_embedding
 from kernels.norms import qk_norm_rope
 from kernels.sampler import RejectionWorkspace, SamplingTensors, rejection_sample, sample
 from layers.quant import quantize_int8_rows
@@ -82,10 +80,10 @@ def test_attention_length_past_cache_reads_its_slot_only(nseg):
     rows = torch.tensor([0], dtype=torch.int32)
     parts = alloc_partials(1, 4, 2, 3, D, DEV)
     want, got = torch.empty_like(q), torch.empty_like(q)
-    verify_attention(q, kc, vc, None, None, rows, torch.tensor([ML], dtype=torch.int32), want, parts, nseg,
-                     block_n=16)
+    cfg = replace(verify.config(q, kc), block_n=16)
+    verify_attention(q, kc, vc, None, None, rows, torch.tensor([ML], dtype=torch.int32), want, parts, nseg, cfg=cfg)
     verify_attention(q, kc, vc, None, None, rows, torch.tensor([ML + 8], dtype=torch.int32), got, parts, nseg,
-                     block_n=16)
+                     cfg=cfg)
     assert torch.equal(got, want)      # the length is taken as the cache's: no key of the NaN slot after it
 
 
@@ -119,10 +117,11 @@ def test_attention_slot_past_the_cache_is_padding(past, nseg):
         lens = torch.tensor([ML, 9], dtype=torch.int32)
         out = torch.full_like(q, NAN)
         if nseg == "prefill":
-            prefill_attention(q, kc, vc, None, None, rows, lens, out, block_m=16, block_n=16)
+            prefill_attention(q, kc, vc, None, None, rows, lens, out,
+                              cfg=replace(verify.config(q, kc, block_m=16), block_n=16))
         else:
-            verify_attention(q, kc, vc, None, None, rows, lens, out,
-                             alloc_partials(2, 4, 2, 3, D, DEV).fill_(NAN), nseg, block_n=16)
+            verify_attention(q, kc, vc, None, None, rows, lens, out, alloc_partials(2, 4, 2, 3, D, DEV).fill_(NAN),
+                             nseg, cfg=replace(verify.config(q, kc), block_n=16))
         assert (out[0] == 0).all()
         return [out, *big]
 
@@ -191,6 +190,7 @@ def test_rejection_of_draft_ids_outside_the_vocabulary():
     assert ((out >= 0) & (out < V) | (out == -1)).all()
 
 
+@pytest.mark.slow
 def test_sample_nan_logits_names_a_token():
     V = 3000                                                   # a last block half padding
     logits = torch.randn(4, V)

@@ -5,21 +5,26 @@ import pytest
 
 from capture import main
 from graphs.plan import load_profile, plan
-from layers.config import ModelConfig
-
-QWEN38_27B = dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=5120, intermediate_size=17408,
-                  num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
-                  linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
-                  linear_value_head_dim=128, linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
-                  mtp_num_hidden_layers=1)
+from layers.config import qwen38_27b
 
 
 def test_27b_plan_matches_the_reference_budget():
-    p = plan(ModelConfig.from_dict(QWEN38_27B), load_profile("rtx3090"))
+    p = plan(qwen38_27b(), load_profile("rtx3090"))
     assert p.weight_bytes / 2**30 == pytest.approx(14.4, abs=0.1)              # QUANT.md §7: ≈ 14.4 GiB
     assert p.state_bytes_per_seq / 2**20 == pytest.approx(360 + 6.6, abs=1)    # 5 fp16 slots + widened conv
     assert p.kv_bytes_per_token == (16 + 1) * 2 * 4 * 256                      # fp8, target + MTP layer
     assert p.max_tokens(24 * 2**30, 64) < p.max_tokens(24 * 2**30, 1)
+
+
+def test_context_is_capped_at_the_models_limit(capsys):
+    """The demo model (max_position_embeddings 8192) was planned 30 million tokens of context at one sequence."""
+    from engine.engine import DEMO_MODEL
+    cfg = ModelConfig.from_dir(DEMO_MODEL)
+    p = plan(cfg, load_profile("rtx3090"))
+    assert p.max_tokens(24 * 2**30, 1) == cfg.max_position_embeddings == 8192
+    assert plan(ModelConfig.from_dict(QWEN38_27B), load_profile("rtx3090")).max_tokens(24 * 2**30, 64) < 8192
+    assert main([]) == 0
+    assert "| 1 | 8,192 (max_position_embeddings) |" in capsys.readouterr().out
 
 
 def test_capture_reports_errors(capsys):

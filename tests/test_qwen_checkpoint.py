@@ -36,6 +36,7 @@ def test_chat_prompt_and_defaults(qwen_dir):
     assert engine.tokenizer.encode(prompt) == [IM_START, 846, 198, 5834, IM_END, 198, IM_START, 74455, 198, THINK, 198]
 
 
+@pytest.mark.slow
 def test_run_stops_on_im_end(qwen_dir, capsys):
     """Rewrite lm_head so that <|im_end|> dominates after the chat prompt: run.py must stop on it at once, with the
     model's default sampling and MTP drafting on."""

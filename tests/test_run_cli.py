@@ -9,8 +9,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import run
+from engine import engine as engine_module
 from engine.engine import Engine
 from engine.sampling import SamplingParams
 from tests.fixtures import make_tiny_checkpoint
@@ -133,6 +135,43 @@ def test_missing_model_is_one_line_exit_2_without_traceback(tmp_path):
     assert proc.stderr.startswith("error: ") and "nope" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+def test_model_that_is_a_file_says_so(capsys, model_dir):
+    """--model naming a file said 'does not exist'."""
+    path = os.path.join(model_dir, "config.json")
+    assert run.main(["--model", path, "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "config.json' is a file, not a model directory" in err
+    assert err.count("\n") == 1
+
+
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_small_model_on_the_cpu_runs_on_one_thread(capsys, model_dir, monkeypatch, keep_threads):
+    """A small model on the CPU takes one thread (on busy cores more threads made the demo model 10-40x slower),
+    unless OMP_NUM_THREADS or --threads says otherwise; a large model keeps torch's default."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    Engine.load(model_dir, spec_k=0)
+    assert torch.get_num_threads() == 1
+    run_json(capsys, model_dir, "--prompt", "x", "--max-new-tokens", "1", "--threads", "3")
+    assert torch.get_num_threads() == 3
+    torch.set_num_threads(2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    Engine.load(model_dir, spec_k=0)
+    assert torch.get_num_threads() == 2
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    model = torch.nn.Linear(8, 8)
+    assert engine_module.choose_threads(model, "cuda", None) == 2
+    monkeypatch.setattr(engine_module, "SMALL_MODEL", 64)
+    assert engine_module.choose_threads(model, "cpu", None) == 2
+    assert engine_module.choose_threads(model, "cpu", 1) == 1
+
+
 def test_prompt_too_long_exits_2(capsys, model_dir):
     assert run.main(["--model", model_dir, "--raw", "--prompt", "x" * 600, "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err
@@ -171,6 +210,7 @@ def test_unreadable_batch_file_exits_2(capsys, model_dir, tmp_path, args, messag
     (["--prompt", "x", "--spec-k", "1000"], "--spec-k must be in [0, 16]"),
     (["--prompt", "x", "--seed", str(2**64)], "--seed must be in [-2^63, 2^64)"),
     (["--prompt", "x", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+    (["--prompt", "x", "--threads", "0"], "--threads must be >= 1"),
     (["--prompt", "x", "--model", ""], "--model must name a checkpoint directory"),
 ])
 def test_bad_flags_exit_2(capsys, args, message):

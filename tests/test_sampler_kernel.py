@@ -1,17 +1,21 @@
-"""kernels/sampler.py against the plain-torch reference in engine/sampling.py: exact supports (ties included) on every resolution path,
-greedy == first argmax, descriptors == reference probabilities, χ² tests of the sampled and of the speculatively
-emitted token distributions, device-side RNG offset, reduced draft vocabulary, +inf / NaN / overflowing logits. CPU
-runs use the interpreter with small shapes; the @gpu tests use the 248,320 vocabulary and many more rows."""
+"""kernels/sampler against the plain-torch reference in engine/sampling.py: exact supports (ties included) on every
+resolution path, greedy == first argmax, descriptors == reference probabilities, χ² tests of the sampled and of the
+speculatively emitted token distributions, device-side RNG offset, reduced draft vocabulary, +inf / NaN /
+overflowing logits. CPU runs use the interpreter with small shapes; the @gpu tests use the 27B model's vocabulary
+and many more rows."""
 import math
 
 import pytest
 import torch
 
-from kernels import sampler as S
 from engine import sampling as ref
+from kernels import sampler as S
+from layers.config import qwen38_27b
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-SMALL = S.SamplerConfig(block=64, pivots=8, group=4, cap=32, levels=3)
+VOCAB = qwen38_27b().vocab_size
+SMALL = S.Config(block=64, pivots=8, group=4, cap=32, levels=3)
+TINY = S.Config(block=8, pivots=4, group=4, cap=8, levels=1)       # one block of the tiny vocabularies
 
 
 def rng(seed=0, offset=0):
@@ -96,10 +100,11 @@ PARAMS = [  # (temperature, top_k, top_p): greedy, untruncated, each filter alon
 
 
 @pytest.mark.parametrize("cfg, dtype", [
-    (S.SamplerConfig(block=64, pivots=8, group=4, cap=128, levels=1), torch.float32),   # fits without levels
-    (SMALL, torch.bfloat16),                                                            # levels narrow, then sort
-    (S.SamplerConfig(block=64, pivots=8, group=4, cap=4, levels=1), torch.bfloat16),    # overflow -> bisection
+    (S.Config(block=64, pivots=8, group=4, cap=128, levels=1), torch.float32),   # fits without levels
+    (SMALL, torch.bfloat16),                                                     # levels narrow, then sort
+    (S.Config(block=64, pivots=8, group=4, cap=4, levels=1), torch.bfloat16),    # overflow -> bisection
 ])
+@pytest.mark.slow
 def test_support_descriptor_and_paths(cfg, dtype):
     R, V = len(PARAMS), 120
     t, k, p = zip(*PARAMS)
@@ -111,18 +116,34 @@ def test_support_descriptor_and_paths(cfg, dtype):
         assert "cand" in seen, seen
 
 
+@pytest.mark.slow
 def test_top_k_bound_from_block_maxima():
     """Level 0 counts top-k rows only from the first pivot that k block maxima reach: exact whether the top values
     are spread over many blocks or packed into one (its maxima bound nothing then), and with k above the blocks."""
     R, V = len(PARAMS), 320
     t, k, p = zip(*PARAMS)
     params = S.SamplingTensors.of(list(t), list(k), list(p), DEV)
-    cfg = S.SamplerConfig(block=16, pivots=8, group=4, cap=32, levels=3)
+    cfg = S.Config(block=16, pivots=8, group=4, cap=32, levels=3)
     spread = tie_heavy_logits(R, V, torch.float32, seed=3)
     packed = spread.clone()
     packed[:, 96:128] += 40.0                           # 32 top values in two neighbouring blocks
     for logits in (spread, packed):
         check_rows(logits, params, cfg)
+
+
+def test_cfg_forces_the_launch_parameters():
+    """cfg sizes the workspace sample allocates (the same tokens as a workspace of that cfg) and must match a given
+    one's."""
+    R, V = 4, 120
+    logits = tie_heavy_logits(R, V, torch.float32, seed=2)
+    params = S.SamplingTensors.of([1.0, 0.7, 0.0, 1.0], [20, 0, 0, 5], [0.9, 0.95, 1.0, 1.0], DEV)
+    ws = S.SamplerWorkspace(R, V, DEV, SMALL)
+    want = [t.clone() for t in S.sample(logits, params, *rng(4), ws)]
+    got = S.sample(logits, params, *rng(4), cfg=SMALL)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert S.SamplerWorkspace(R, V, DEV).cfg == S.config(R, V, DEV)
+    with pytest.raises(AssertionError):
+        S.sample(logits, params, *rng(4), ws, cfg=S.Config())
 
 
 def test_temperature_rounds_like_the_reference():
@@ -164,6 +185,7 @@ def extreme_rows(V, dtype):
     return torch.stack(logits).to(dtype).to(DEV), S.SamplingTensors.of(list(t), list(k), list(p), DEV)
 
 
+@pytest.mark.slow
 def test_inf_nan_and_overflowing_logits():
     """Kernel and reference read a logit alike: +inf (and a finite x overflowing under 1/T) saturates at FLT_MAX and
     ties at the top with its like (no inf − inf), NaN counts as −inf, and a row of no logit above −inf keeps nothing
@@ -174,6 +196,7 @@ def test_inf_nan_and_overflowing_logits():
     assert ref.next_token(logits.cpu()[greedy], ref.SamplingParams(0.0), None).tolist() == [10, 100, 7, 8, 3, 0]
 
 
+@pytest.mark.slow
 def test_inf_logits_share_the_mass_chi2():
     """The +inf logits of a row, and at T 0.5 the finite one that overflows, are drawn uniformly; the rest never."""
     V, R = 8, 96
@@ -182,7 +205,7 @@ def test_inf_logits_share_the_mass_chi2():
     row = row.to(DEV)
     for t, k, p, top in [(1.0, 0, 1.0, [1, 4, 5]), (0.5, 3, 0.9, [1, 4, 5, 7])]:   # a tie group stays whole
         params = S.SamplingTensors.of([t] * R, [k] * R, [p] * R, DEV)
-        ws = S.SamplerWorkspace(R, V, DEV, S.SamplerConfig(block=8, pivots=4, group=4, cap=8, levels=1))
+        ws = S.SamplerWorkspace(R, V, DEV, TINY)
         ids, _ = S.sample(row.repeat(R, 1), params, *rng(11), ws)
         probs = ref.row_probabilities(row, params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
         assert torch.equal(probs.cpu(), torch.zeros(V).index_fill(0, torch.tensor(top), 1 / len(top)))
@@ -200,6 +223,7 @@ def test_greedy_first_argmax_and_equal_logits():
     assert ids.tolist()[:3] == [0, 7, 150] and ids[3].item() == V - 1
 
 
+@pytest.mark.slow
 def test_race_distribution_chi2():
     """Identical rows, independent draws: the empirical distribution matches the processed one."""
     V, R = 8, 96
@@ -207,7 +231,7 @@ def test_race_distribution_chi2():
     base = (torch.randn(1, V, generator=g) * 1.5).to(DEV)
     for t, k, p in [(1.0, 0, 1.0), (0.8, 5, 0.9)]:
         params = S.SamplingTensors.of([t] * R, [k] * R, [p] * R, DEV)
-        ws = S.SamplerWorkspace(R, V, DEV, S.SamplerConfig(block=8, pivots=4, group=4, cap=8, levels=1))
+        ws = S.SamplerWorkspace(R, V, DEV, TINY)
         ids, _ = S.sample(base.repeat(R, 1), params, *rng(11), ws)
         probs = ref.row_probabilities(base, params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
         chi2_ok(torch.bincount(ids.long(), minlength=V), probs)
@@ -308,6 +332,7 @@ def emitted_match_target(target, out, n, params, tol_rows=10):
         chi2_ok(torch.bincount(out[rows, j].long(), minlength=target.shape[-1]), probs)
 
 
+@pytest.mark.slow
 def test_rejection_emits_target_distribution():
     """Identical sequences: each emitted position is distributed as the target row, whatever the drafts were.
     The draft head knows tokens 1..4 only (reduced vocabulary): the others come from the residual alone."""
@@ -317,7 +342,7 @@ def test_rejection_emits_target_distribution():
     draft = torch.randn(1, K, Vd, generator=g).repeat(B, 1, 1).to(DEV)
     d2t = torch.ones(Vd, dtype=torch.int32, device=DEV)
     params = S.SamplingTensors.of([1.0] * B, [0] * B, [1.0] * B, DEV)
-    cfg = S.SamplerConfig(block=8, pivots=4, group=4, cap=8, levels=1)
+    cfg = TINY
     drafts, out, n = speculate(target, draft, params, cfg, seed=9, d2t=d2t)
     assert ((out >= 0).sum(1) == n).all() and (out[:, :K] == drafts).logical_or(out[:, :K] < 0).logical_or(
         torch.arange(K, device=DEV)[None] >= n[:, None] - 1).all()
@@ -336,11 +361,11 @@ def llm_like_logits(R, V, seed):
 
 @pytest.mark.gpu
 def test_gpu_support_full_vocab():
-    V = 248320
+    V = VOCAB
     t, k, p = zip(*(PARAMS + [(1.0, 1024, 1.0), (1.0, 1024, 0.95), (1.5, 0, 0.95), (0.6, 20, 0.95)]))
     params = S.SamplingTensors.of(list(t), list(k), list(p), DEV)
-    check_rows(llm_like_logits(len(t), V, 0), params, S.SamplerConfig())
-    check_rows(tie_heavy_logits(len(t), V, torch.bfloat16, 1), params, S.SamplerConfig())
+    check_rows(llm_like_logits(len(t), V, 0), params, S.Config())
+    check_rows(tie_heavy_logits(len(t), V, torch.bfloat16, 1), params, S.Config())
 
 
 @pytest.mark.gpu
@@ -360,7 +385,7 @@ def test_gpu_rejection_chi2_many_sequences():
     target = torch.randn(1, K + 1, V, device=DEV).repeat(B, 1, 1)
     draft = torch.randn(1, K, V, device=DEV).repeat(B, 1, 1)
     params = S.SamplingTensors.of([0.9] * B, [10] * B, [0.95] * B, DEV)
-    drafts, out, n = speculate(target, draft, params, S.SamplerConfig(), seed=5)
+    drafts, out, n = speculate(target, draft, params, S.Config(), seed=5)
     emitted_match_target(target.cpu(), out.cpu(), n.cpu(), params, tol_rows=1000)
     # acceptance rate of the first draft = Σ min(p, q)
     p = ref.row_probabilities(target[0, :1], params.temperature[:1], params.top_k[:1], params.top_p[:1])[0]
@@ -371,7 +396,7 @@ def test_gpu_rejection_chi2_many_sequences():
 
 @pytest.mark.gpu
 def test_gpu_graph_replay_draws_fresh_tokens():
-    V, R = 248320, 5
+    V, R = VOCAB, 5
     logits = llm_like_logits(R, V, 2)
     params = S.SamplingTensors.of([1.0] * R, [0] * R, [1.0] * R, DEV)   # untruncated: draws vary most
     ws = S.SamplerWorkspace(R, V, DEV)
@@ -397,7 +422,7 @@ def test_rejection_with_parameters_differing_per_sequence():
     sequences in one call — the greedy ones give the greedy verdict — and draft_desc=None (recomputed from the
     draft logits) gives the same verdict."""
     B, K, V = 3, 2, 150
-    cfg = S.SamplerConfig(block=64, pivots=8, group=4, cap=32, levels=3)
+    cfg = SMALL
     g = torch.Generator().manual_seed(2)
     target = torch.randn(B, K + 1, V, generator=g).to(DEV)
     draft = target[:, :K] + 0.8 * torch.randn(B, K, V, generator=g).to(DEV)
@@ -446,6 +471,7 @@ def test_rejection_reads_inf_and_empty_rows():
     assert torch.equal(accepted + 1, n.cpu().long()) and torch.equal(nxt, out.cpu().long()[torch.arange(B), accepted])
 
 
+@pytest.mark.slow
 def test_rejection_with_inf_logits_emits_target_distribution():
     """Target rows tie two +inf tokens, the draft row has one of them: the draft is accepted with Σ min(p, q) = 1/2,
     and every emitted position follows its target row."""
@@ -455,7 +481,7 @@ def test_rejection_with_inf_logits_emits_target_distribution():
     target[0, :, [2, 6]], draft[0, :, 2] = INF, INF
     target, draft = target.repeat(B, 1, 1), draft.repeat(B, 1, 1)
     params = S.SamplingTensors.of([1.0] * B, [0] * B, [1.0] * B, DEV)
-    cfg = S.SamplerConfig(block=8, pivots=4, group=4, cap=8, levels=1)
+    cfg = TINY
     drafts, out, n = speculate(target.to(DEV), draft.to(DEV), params, cfg, seed=4)
     assert (drafts == 2).all()
     emitted_match_target(target, out.cpu(), n.cpu(), params)

@@ -1,29 +1,6 @@
-"""Int8 weight-only linear with per-row scales, for the lm_head (248320 × 5120) and other int8 heads:
-out[M, N] = (x[M, K] @ q[N, K]ᵀ) · s[N].
-
-Shapes: x [M, K] bf16/fp16 (row stride any), q int8 [N, K] row-major (the nn.Linear / checkpoint orientation, K
-contiguous), s [N] fp16/bf16, out [M, N] (row stride any, any float dtype, e.g. fp32 logits).
-Reference: layers.quant.dequantize_int8 (x @ dequantize_int8(w).T).
-
-Design, and why:
-* Tensor cores for every M, for the reason given in kernels/int4_linear.py: at 1 byte per weight the H200 streams
-  4.8e12 weights/s, too many for M FMAs each on CUDA cores once M > 2–3.
-* Int8 × int8 mma, the weights straight from shared memory. Converting them to fp16 first (xor/or/subtract, ~5
-  SASS instructions per weight byte) kept ~60 % of the issue slots busy at 4 TB/s and held the GEMV at 77–82 % of
-  the copy bandwidth (M = 1: 386 µs); without it the main loop issues ~0.03 instructions per byte and the GEMV
-  streams at the copy bandwidth (289 µs, H200). Int8 mma also runs at twice the fp16 rate (four times the
-  fp16/fp32-accumulate rate of sm_86).
-* Activations as int8 planes, per token: x = s_x·(a₀ + a₁/254 + a₂/254²), s_x = max|x[m]|/127, made by
-  _split_act_kernel (a second launch, 3 µs). Three planes leave an error ≤ 6e-8·max|x[m]| (fp32 level, far below
-  the bf16 rounding of x), two ≤ 1.6e-5·max|x[m]| (below bf16's rounding of every element larger than ~1/100 of
-  the row's max; 250× below the error of the int8 weights themselves), one is plain W8A8 (~1 %). The planes of a
-  token are rows of one M-tile (three planes take four rows), so while M fits a tile they cost no extra weight
-  traffic; the int32 sums of the planes are combined in the epilogue, within each thread.
-* Large M (WEIGHTS_A, Hopper): the weights are wgmma's A operand (≥ 64 rows per warpgroup), both operands from
-  shared memory. Four mma rows per token make M ≥ 64 compute-bound with three planes, so the table uses two there.
-* No split-K: N is large (1940 column tiles of 128 for the full vocabulary). A persistent grid splitting N evenly
-  (no part-filled last wave) measured no faster than one tile per program.
-"""
+"""Int8 weight-only linear, per-row scales (the lm_head): out[M, N] = (x[M, K] @ q[N, K]ᵀ) · s[N]; x bf16/fp16, out
+any float dtype (row strides any), q int8 [N, K] row-major, s [N]. Int8 × int8 mma: x as int8 planes per token,
+x = s_x·(a₀ + a₁/254 + a₂/254²) (_split_act_kernel), combined in the epilogue. H200: M ≤ 8 at copy bandwidth."""
 from dataclasses import dataclass
 
 import torch
@@ -47,8 +24,7 @@ def _round(v):
 def _split_act_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_xm,
                       TM: tl.constexpr, BLOCK_M: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
                       PDL: tl.constexpr):
-    # x [M, K] → xs [M] fp32 = max|x[t]|/127 and int8 planes: xq row (t // TM)·BLOCK_M + p·TM + t % TM holds
-    # plane p of token t (the row layout of _int8_matmul_kernel's x tiles); grid (M,), BLOCK ≥ K
+    # x [M, K] → xs [M] = max|x[t]|/127, xq row (t // TM)·BLOCK_M + p·TM + t % TM = plane p of token t; grid (M,)
     pdl_wait(PDL)
     t = tl.program_id(0)
     rk = tl.arange(0, BLOCK)
@@ -66,8 +42,7 @@ def _split_act_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_xm,
 
 @triton.jit
 def _combine_planes(acc, SLOTS: tl.constexpr, TM: tl.constexpr, BN: tl.constexpr):
-    """acc fp32 [BN, SLOTS·TM], column p·TM + j = plane p of token j → [BN, TM]: Σ_p acc[:, p·TM + j] / 254^p.
-    In the mma accumulator the plane index is a register index, so the sum stays within each thread."""
+    """acc [BN, SLOTS·TM] (column p·TM + j: plane p of token j) → [BN, TM]: Σ_p acc[:, p·TM + j] / 254^p."""
     p = tl.arange(0, SLOTS)
     weight = tl.where(p == 0, 1.0, tl.where(p == 1, 1.0 / 254.0, 1.0 / 64516.0))   # slot 3 holds zeros
     return tl.sum(tl.reshape(acc, [BN, SLOTS, TM]) * weight[None, :, None], axis=1)
@@ -77,10 +52,8 @@ def _combine_planes(acc, SLOTS: tl.constexpr, TM: tl.constexpr, BN: tl.constexpr
 def _int8_matmul_kernel(x_ptr, xs_ptr, qw_ptr, s_ptr, out_ptr, M, N, K, stride_om,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTS: tl.constexpr,
                         WEIGHTS_A: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr):
-    # x int8 planes [cdiv(M, TM)·BLOCK_M, K] and xs [M] fp32 (_split_act_kernel): an M-tile holds TM tokens in
-    # SLOTS row blocks of TM rows, block p = plane p (block 3 of 3 planes: zeros, masked). qw int8 [N, K], s [N],
-    # out [M, N]. grid (cdiv(M, TM), cdiv(N, BLOCK_N)), M-tiles fastest (they share the weight tile through L2).
-    # WEIGHTS_A: the accumulator is [BN, BM] (weights as the mma's A operand, see the module docstring).
+    # an M-tile: TM tokens in SLOTS row blocks, block p = plane p (of 3 planes the 4th masked). grid (cdiv(M, TM),
+    # cdiv(N, BLOCK_N)), M-tiles fastest (sharing the weight tile in L2). WEIGHTS_A: the acc is [BN, BM].
     pdl_wait(PDL)
     SLOTS: tl.constexpr = 4 if PARTS == 3 else PARTS
     TM: tl.constexpr = BLOCK_M // SLOTS
@@ -100,7 +73,7 @@ def _int8_matmul_kernel(x_ptr, xs_ptr, qw_ptr, s_ptr, out_ptr, M, N, K, stride_o
         acc = tl.zeros([BLOCK_M, BLOCK_N], ACC_DT)
     for k0 in range(0, K, BLOCK_K):
         k_ok = rk < K - k0
-        # weights are streamed once: evict first; the activations are re-read by every column tile: keep them
+        # weights streamed once, activations re-read by every column tile
         x = tl.load(x_tile + k0, mask=x_ok[:, None] & k_ok[None, :], other=0, eviction_policy="evict_last")
         w = tl.load(w_tile + k0, mask=n_ok[:, None] & k_ok[None, :], other=0, eviction_policy="evict_first")
         if DOT_F32:                                            # the interpreter: fp32, exact for these sums
@@ -131,8 +104,8 @@ class Config:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-    weights_a: bool = False          # weights as the mma's A operand (see the kernel)
-    parts: int = 3                   # activation planes (module docstring)
+    weights_a: bool = False          # weights as the mma's A operand
+    parts: int = 3                   # activation planes
 
     @property
     def tokens(self) -> int:
@@ -140,16 +113,15 @@ class Config:
         return self.block_m // ROWS_PER_TOKEN[self.parts]
 
 
-# Per M bucket (upper bound inclusive), from an H200 sweep (`python -m bench.kernels_int8 --sweep`): M ≤ 8 run at
-# 99–103 % of the copy bandwidth (read-only streaming beats a copy), M = 20 at 80 %, M = 64 at 76 %, M = 320 at 23 %.
-M_BUCKETS = (
+# Per M bucket (upper bound inclusive), from an H200 sweep.
+SM90_CONFIGS = (
     (4, Config(16, 64, 512, 4, 3)),
     (8, Config(32, 64, 512, 4, 3)),
     (32, Config(128, 256, 128, 8, 3, True)),
     (None, Config(128, 256, 128, 8, 3, True, parts=2)),
 )
-# sm_8x (no wgmma, 99 KB of shared memory, mma.sync spills beyond 128 rows): compiled by tests.aot_compile, untimed
-M_BUCKETS_SM80 = (
+# sm_8x (no wgmma, 99 KB of shared memory): compiled, untimed
+SM80_CONFIGS = (
     (4, Config(16, 64, 512, 4, 3)),
     (8, Config(32, 64, 512, 4, 3)),
     (32, Config(128, 128, 128, 8, 3)),
@@ -157,14 +129,22 @@ M_BUCKETS_SM80 = (
 )
 
 
-def pick_config(m: int, device) -> Config:
-    table = M_BUCKETS if gpu.capability(torch.device(device)) >= (9, 0) else M_BUCKETS_SM80
+# What `python -m bench.kernels_int8 --sweep` times: the tables' choices and their runners-up.
+GEMV_SWEEP = [Config(*c) for c in (
+    (16, 64, 512, 4, 3), (16, 128, 256, 4, 3), (16, 128, 256, 4, 3, True), (16, 128, 128, 4, 4, True),
+    (32, 64, 512, 4, 3), (32, 128, 256, 4, 3), (32, 128, 128, 4, 4, True), (16, 128, 256, 4, 3, True, 2))]
+GEMM_SWEEP = [Config(*c) for c in (
+    (128, 256, 128, 8, 3, True), (128, 128, 128, 4, 4, True), (256, 128, 128, 8, 3, True),
+    (128, 256, 128, 8, 3, True, 2), (256, 128, 128, 8, 3, True, 2), (128, 256, 128, 8, 3, True, 1))]
+
+
+def config(m: int, device) -> Config:
+    table = SM90_CONFIGS if gpu.capability(torch.device(device)) >= (9, 0) else SM80_CONFIGS
     return next(c for bound, c in table if bound is None or m <= bound)
 
 
 def split_activations(x2: torch.Tensor, cfg: Config):
-    """x [M, K] bf16/fp16 → (int8 planes [cdiv(M, tokens)·block_m, K] in the kernel's M-tile row layout, s_x [M]
-    fp32): the first of int8_linear's two launches."""
+    """x [M, K] → (int8 planes [cdiv(M, tokens)·block_m, K], s_x [M] fp32)."""
     m, k = x2.shape
     planes = torch.empty(triton.cdiv(m, cfg.tokens) * cfg.block_m, k, dtype=torch.int8, device=x2.device)
     xs = torch.empty(m, dtype=torch.float32, device=x2.device)
@@ -173,22 +153,11 @@ def split_activations(x2: torch.Tensor, cfg: Config):
     return planes, xs
 
 
-def int8_linear(x: torch.Tensor, w: Int8Weight, out: torch.Tensor = None, cfg: Config = None) -> torch.Tensor:
-    """x [..., K] bf16/fp16 → [..., N] in x's dtype, or written into `out` (e.g. fp32 logits)."""
-    n, k = w.qweight.shape
-    assert x.shape[-1] == k and x.stride(-1) == 1 and w.qweight.is_contiguous()
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
-    if out is None:
-        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    out2 = out.view(-1, n)
-    assert out2.shape[0] == m and out2.stride(-1) == 1
-    if m == 0:
-        return out
-    cfg = cfg or pick_config(m, x.device)
+def launch(x2: torch.Tensor, w: Int8Weight, out2: torch.Tensor, cfg: Config) -> None:
+    """x2 [M, K], out2 [M, N] (M > 0): the split, then the matmul."""
+    (m, k), n = x2.shape, w.qweight.shape[0]
     planes, xs = split_activations(x2, cfg)
     _int8_matmul_kernel[(triton.cdiv(m, cfg.tokens), triton.cdiv(n, cfg.block_n))](
         planes, xs, w.qweight, w.scales, out2, m, n, k, out2.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PARTS=cfg.parts, WEIGHTS_A=cfg.weights_a,
-        DOT_F32=gpu.INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device))
-    return out
+        DOT_F32=gpu.INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x2.device))

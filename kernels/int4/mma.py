@@ -1,46 +1,9 @@
-"""Int4-weight linears: out[M, N] = x[M, K] @ W[N, K]ᵀ with W in the mma int4 layout (layers/quant.py).
-
-  int4_linear(x, w)          W4A16: x bf16/fp16, fp32 accumulation, output in x's dtype (or a given buffer)
-  w4a8_linear(x_q, s_a, w)   W4A8: x_q int8 [M, K] with per-token scales s_a [M] (layers/quant.quantize_act_int8)
-
-Shapes (kernel): x [M, K] (row stride stride_xm, unit column stride), qweight int32 [K/128, N, 16], scales/zs
-[K/128, N], out [M, N] (row stride stride_om); K a multiple of 128 (= the group), N a multiple of 8. Fused
-projections (gate+up, q/k/v(+gate), GDN qkv+z) are one call on the weights concatenated along N by the loader.
-Reference: layers.quant.dequantize_int4 (tests compare against x @ dequantize_int4(w).T).
-On a GPU (sm_80+), int4_linear hands calls of ≤ 24 rows with symmetric weights to kernels/int4_gemv.py, which
-streams the weights straight into the mma's registers (~2x faster there; a token's row bitwise the same at any of
-those row counts), and on sm_90 larger ones mostly to kernels/int4_wgmma_ws.py (weights as the wgmma's register
-operand, a TMA loader and two consumer warpgroups: 1.3-2.2x cuBLAS bf16 at 32-64 rows, 0.93-1.22x at 320; W4A8 from
-65 rows, its activations permuted to the operand's k order first), the rest to kernels/int4_wgmma.py —
-their sums are not the GEMV's bits (bf16-rounded scaled weights, fp32 across groups), nor the same across their own
-cuts (H200: 64 against 65 rows differ at out_proj, gate_up and down); this kernel covers the rest (W4A8 below 65
-rows, asymmetric weights, sm_8x), and every row count in the CPU interpreter (Gluon has none).
-Passing a Config forces it.
-
-Design, and why:
-* Tensor cores for every M, M padded to BLOCK_M ≥ 16. The cost of an int4 GEMV is unpacking, not multiplying:
-  on CUDA cores each weight would also need M FMAs, more than the H200 can issue at 4.8 TB/s beyond M ≈ 2, while
-  an mma costs the same for M = 1 and M = 16. mma.sync bf16/fp16/int8 also runs on sm_80/86.
-* Unpacking without int→float conversions: t = (word >> 4j) & 0x000F000F | 0x43004300 is a pair of bf16 numbers
-  128 + q (codes j and j+4 of the word), so one shift and two logic ops give two weights; subtracting 136 (or 128
-  with zero points) is exact. fp16 activations use 0x6400 (1024 + q). Int8 (W4A8): t = (word >> 4j) & 0x0F0F0F0F
-  is four int8 codes j, j+2, j+4, j+6, made signed (q − 8) by one add and one xor per four codes.
-* The weights unpack in the layout's slot order (slot 8i + j = nibble j of word i; layers/quant.py), so the
-  activations are gathered into that order before the launch (one small copy: permuting each tile in registers
-  made the kernel 1.1-2.4x slower on the H200), and each register pair/quad becomes one pair/quad of the mma
-  operand (see _codes_16/_codes_i8), the tile split into the same order in registers.
-* Small M (GEMV form): the mma sees exact codes, and the group's fp32 partial sums are scaled once per group.
-  Large M (WEIGHTS_A form, Hopper wgmma): the weights are the mma's A operand, which wgmma reads from registers
-  (as B they would go through shared memory with a barrier per dot); W4A16 there scales the weights before the
-  mma (rounded to x's dtype, as a bf16 dequantised checkpoint would be) so the mma accumulates across groups.
-* Large M (NATURAL form, Hopper): the codes are unpacked in k order into the B operand, so the activation tile
-  feeds wgmma from shared memory as it was loaded (the WEIGHTS_A form permutes it in registers and writes it back,
-  and waits for every mma). W4A8 there sums each group exactly in int32 (int8 codes − 8) and scales it in fp32;
-  int8 tensor cores run at twice the bf16 rate (the H200 measured 0.5-0.7x a bf16 cuBLAS GEMM at 320 rows).
-* Group scales are loaded one group ahead by hand (see the kernel): Triton's pipeliner prefetches codes and
-  activations (they feed a dot) but not the scales.
-* Split-K over groups, reduced in one launch by kernels/splitk.store_tile (graph-safe, no memset).
-"""
+"""Int4 linears in Triton — the sm_8x path beyond the GEMV's rows, W4A8 below 65 rows, asymmetric weights, and the
+CPU interpreter's: out = x @ Wᵀ, W in the mma layout (layers/quant.py), K a multiple of 128, N of 8. Activations
+are gathered into slot order (slot_index) so unpacked codes meet them in registers. Forms: CODES — exact codes as
+B, each group's partial scaled once; WEIGHTS_A — weights scaled to x's dtype as wgmma's register A operand;
+NATURAL — codes in k order as B. W4A8 sums groups exactly in int32. Split-K reduced in the launch.
+Notes: docs/notes/int4.md."""
 import functools
 from dataclasses import dataclass
 
@@ -48,27 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import device as gpu, fixed_sum
-from kernels.splitk import split_count, store_tile, workspace
-from layers.quant import Int4Weight, a8_permute, mma_k
-
-try:                            # Gluon is experimental in Triton: without it, this kernel serves every call
-    from kernels.int4_gemv import int4_gemv, supports as gemv_supports
-    from kernels.int4_wgmma import int4_wgmma, supports as wgmma_supports
-    from kernels.int4_wgmma_ws import int4_wgmma_ws, pick as ws_pick
-except ImportError:
-    def gemv_supports(x, w):
-        return False
-
-    def wgmma_supports(x, w):
-        return False
-
-GROUP = 128
+from kernels import device as gpu
+from kernels.int4.common import GROUP
+from kernels.int4.splitk import split_count, store_tile, workspace
+from layers.quant import Int4Weight, mma_k
 
 
 @triton.jit
 def _as_dot_operand(t, DOT_F32: tl.constexpr):
-    # The Triton interpreter multiplies bf16 operands wrongly (ENGINE.md §7): fp32 there, exact for these values.
+    # the interpreter multiplies bf16 wrongly (ENGINE.md §7): fp32 there, exact for these values
     if DOT_F32:
         return t.to(tl.float32)
     else:
@@ -105,8 +56,7 @@ def _codes_i8(q, jj: tl.constexpr, SIGNED: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _scaled(w, s, zs, HAS_ZS: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr):
-    """Codes w [Kd, BN] (code − 8, or code with zero points) → weights w·s (+ zs) in DT, rounded as a bf16/fp16
-    dequantised checkpoint holds them (fp32 in the interpreter); s, zs [BN] fp32."""
+    """Codes w [Kd, BN] → weights w·s (+ zs) rounded to DT, as a dequantised 16-bit checkpoint holds them."""
     s_w = s[None, :]
     zs_w = zs[None, :]
     if not DOT_F32:
@@ -151,8 +101,7 @@ def _per_row(v, WEIGHTS_A: tl.constexpr):
 @triton.jit
 def _group_dot_16(x, q, acc, s, zs, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc (fp32) += x [BM, 128] (bf16/fp16, slot order) @ W over one group: codes q int32 [16, BN], s/zs [BN]
-    fp32."""
+    """acc += x [BM, 128] (slot order) @ W over one group (words q [16, BN], s/zs [BN])."""
     DT = x.dtype
     lo, hi = tl.split(tl.reshape(x, [BM, 16, 2, 2, 2]))       # slot 8r + 4e + 2·j1 + j0: lo/hi = j0
     x0, x2 = tl.split(lo)
@@ -182,8 +131,7 @@ def _exact_f32(d):
 @triton.jit
 def _group_dot_i8(x, q, acc, s, zs, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc (fp32) += (x int8 [BM, 128], slot order, @ codes) · s (+ Σx · zs), the int8 dot exact in int32.
-    Symmetric codes enter the mma as q − 8; with zero points as q (0..15), and zs·Σx adds the offset."""
+    """acc += (x int8 [BM, 128] @ codes) · s (+ Σx · zs), the dot exact in int32 (codes q − 8, or q with zs)."""
     x0, x1 = tl.split(tl.reshape(x, [BM, 16, 4, 2]))           # slot 8r + 2b + jj: x0/x1 = jj
     x0 = tl.reshape(x0, [BM, 64])
     x1 = tl.reshape(x1, [BM, 64])
@@ -209,9 +157,8 @@ def _codes_k(q, BN: tl.constexpr):
 @triton.jit
 def _group_dot_natural(x, q, acc, s, zs, A8: tl.constexpr, HAS_ZS: tl.constexpr, BN: tl.constexpr,
                        DOT_F32: tl.constexpr):
-    """acc [BM, BN] (fp32) += x [BM, 128] @ W over one group, x and the codes in slot order:
-    A8: the int8 codes (− 8 when symmetric) summed exactly in int32, scaled in fp32 (+ Σx·zs);
-    16-bit: weights (q − 8)·s (or q·s + zs) rounded to x's dtype, the mma accumulating across groups."""
+    """acc [BM, BN] += x [BM, 128] @ W over one group, codes as B in slot order: A8 summed in int32 and scaled;
+    16-bit as weights rounded to x's dtype, the mma accumulating across groups."""
     c = _codes_k(q, BN)
     OFFSET: tl.constexpr = 0 if HAS_ZS else 8
     if A8:
@@ -236,7 +183,7 @@ def _group_dot_natural(x, q, acc, s, zs, A8: tl.constexpr, HAS_ZS: tl.constexpr,
 
 @triton.jit
 def _load_scales(s_ptr, zs_ptr, g, N, rn, cols, HAS_ZS: tl.constexpr):
-    """Group g's scales and zs over columns rn where `cols` (raw dtype, [BN]); without zero points zs is s."""
+    """Group g's scales and zs [BN] (without zero points zs is s)."""
     s = tl.load(s_ptr + g * N + rn, mask=cols, other=0)
     if HAS_ZS:
         zs = tl.load(zs_ptr + g * N + rn, mask=cols, other=0)
@@ -251,10 +198,7 @@ def _int4_matmul_kernel(
         M, N, K, stride_xm, stride_om,
         A8: tl.constexpr, HAS_ZS: tl.constexpr, WEIGHTS_A: tl.constexpr, NATURAL: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr):
-    # x [M, K] (bf16/fp16, or int8 with xs [M] fp32 when A8; slot order), qw int32 [K/128, N, 16], s/zs [K/128, N],
-    # out [M, N]
-    # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split-K count): M-tiles vary fastest, so CTAs sharing weights run
-    # together. The split count is a grid dimension, not a constexpr: one compiled kernel serves every count.
+    # grid (M tiles, N tiles, splits): M tiles fastest, so CTAs sharing weights run together
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -272,15 +216,13 @@ def _int4_matmul_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    # The scales feed no dot, so Triton's pipeliner leaves their loads in place, and one waited for in every
-    # group costs a full memory latency per group: they are loaded a group ahead by hand instead (one ahead at
-    # most: the pipeliner gives up on loops carrying values further).
+    # Scales feed no dot, so the pipeliner leaves their loads in place: loaded a group ahead by hand instead.
     s_next, zs_next = _load_scales(s_ptr, zs_ptr, g_lo, N, rn, n_ok, HAS_ZS)
     for g in range(g_lo, g_hi):
         s = s_next.to(tl.float32)
         zs = zs_next.to(tl.float32)
         s_next, zs_next = _load_scales(s_ptr, zs_ptr, g + 1, N, rn, n_ok & (g + 1 < g_hi), HAS_ZS)
-        # weights are streamed once: evict first; the activations are re-read by every column tile: keep them
+        # weights streamed once, activations re-read by every column tile
         q = tl.load(w_tile + g * 16 * N, mask=n_ok[None, :], other=0, eviction_policy="evict_first")
         x = tl.load(x_tile + g * 128, mask=m_ok[:, None], other=0, eviction_policy="evict_last")
         if NATURAL:
@@ -296,8 +238,6 @@ def _int4_matmul_kernel(
     store_tile(acc, out_ptr, ws_ptr, cnt_ptr, rm, rn, M, N, stride_om, pid_m * tl.num_programs(1) + pid_n, SPLIT)
 
 
-# The forms of the module docstring: exact codes as the B operand, group sums scaled in fp32 (small M); scaled
-# weights as the A operand (WEIGHTS_A); codes in k order as the B operand (NATURAL)
 CODES, WEIGHTS_A, NATURAL = "codes", "weights_a", "natural"
 FORMS = (CODES, WEIGHTS_A, NATURAL)
 
@@ -309,13 +249,10 @@ class Config:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
-    form: str = CODES                # how the weights enter the mma (FORMS; module docstring)
+    form: str = CODES
 
 
-# Per M bucket (upper bound inclusive): tile sizes, and how many CTAs per SM split-K should aim for. From a first
-# H200 sweep at the 27B shapes, made before the scale prefetch and the WEIGHTS_A form existed; the large-M bucket's
-# NATURAL form from a second (W4A16 at M = 320: 2.0-2.5x faster than WEIGHTS_A; still ~0.3x cuBLAS bf16). Retune
-# with `python -m bench.kernels_int4 --sweep`.
+# Per M bucket (upper bound inclusive): tiles, form, CTAs per SM split-K aims for (H200; bench.kernels_int4 --sweep)
 M_BUCKETS = (
     (16, dict(block_m=16, block_n=128, num_warps=4, num_stages=3, form=CODES, ctas_per_sm=3)),
     (64, dict(block_m=64, block_n=128, num_warps=4, num_stages=3, form=WEIGHTS_A, ctas_per_sm=2)),
@@ -323,13 +260,15 @@ M_BUCKETS = (
 )
 
 
-def pick_config(m: int, n: int, k: int, device, a8: bool = False, **override) -> Config:
-    """Tile table by M bucket (entries can be overridden, e.g. by the benchmark's sweep); split-K only where the
-    output tiles alone leave the GPU under-filled, and never with an empty split. W4A8 (a8) keeps the WEIGHTS_A
-    form where the table says NATURAL (H200, M = 320: 138 against 195 µs on 16384x5120; its int8 group sums wait
-    for every mma in both forms). Without wgmma (sm_8x) the large-M tiles keep the weights as the B operand
-    (mma.sync takes both from registers anyway), at most 64 rows and 8 warps: larger tiles spill there (checked
-    with ptxas for sm_86)."""
+def supports(x: torch.Tensor, w: Int4Weight) -> bool:
+    """Whether this kernel takes the call: group 128, x bf16/fp16 (or int8 codes: W4A8) with unit column stride."""
+    return (w.group == GROUP and x.dtype in (torch.bfloat16, torch.float16, torch.int8) and x.stride(-1) == 1
+            and x.shape[-1] == w.k)
+
+
+def config(m: int, n: int, k: int, device, a8: bool = False, **override) -> Config:
+    """The M bucket's tiles (override: the benchmark's sweep), split-K only to fill the GPU. W4A8 keeps WEIGHTS_A
+    for NATURAL; sm_8x (no wgmma) takes CODES beyond 16 rows, at most 64 rows and 8 warps (larger tiles spill)."""
     p = dict(next(p for bound, p in M_BUCKETS if bound is None or m <= bound), **override)
     if a8 and p["form"] == NATURAL:
         p.update(form=WEIGHTS_A)
@@ -343,11 +282,12 @@ def pick_config(m: int, n: int, k: int, device, a8: bool = False, **override) ->
 @functools.lru_cache(maxsize=None)
 def slot_index(k: int, device) -> torch.Tensor:
     """Gather index [K]: slot-ordered activations hold at 128·b + 8i + j the k = 128·b + mma_k[i, j]."""
-    gpu.check_not_capturing("int4_linear.slot_index", device)
+    gpu.check_not_capturing("int4 slot_index", device)
     return (torch.arange(0, k, 128, device=device)[:, None] + mma_k(device).flatten()).flatten()
 
 
-def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
+def launch(x: torch.Tensor, w: Int4Weight, out: torch.Tensor, cfg: Config, x_scale: torch.Tensor = None):
+    """x [..., K] bf16/fp16, or int8 with per-token scales x_scale [...] (W4A8) → out [..., N] (any float)."""
     assert w.group == GROUP, "kernel supports group size 128"
     k, n = w.k, w.n
     assert x.shape[-1] == k and x.stride(-1) == 1, (x.shape, k)
@@ -356,7 +296,6 @@ def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
     m = x2.shape[0]
     out2 = out.view(-1, n)
     assert out2.shape[0] == m and out2.stride(-1) == 1
-    cfg = cfg or pick_config(m, n, k, x.device, a8=x_scale is not None)
     assert cfg.form in FORMS, cfg.form
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
     ws, cnt = workspace(x.device, m * n if cfg.split_k > 1 else 1, grid[0] * grid[1])
@@ -369,34 +308,3 @@ def _launch(x, x_scale, w: Int4Weight, out, cfg: Config):
         SPLIT=cfg.split_k > 1, DOT_F32=gpu.INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
-
-
-def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg: Config = None) -> torch.Tensor:
-    """x [..., K] bf16/fp16 → [..., N] (x's dtype, or written into `out`, any float dtype; or int64 zeros that
-    receive the fixed-point sums, for the GEMV's rows: kernels/fixed_sum.py)."""
-    assert x.dtype in (torch.bfloat16, torch.float16)
-    if out is None:
-        out = torch.empty(*x.shape[:-1], w.n, dtype=x.dtype, device=x.device)
-    if cfg is None and gemv_supports(x, w):
-        return int4_gemv(x, w, out)
-    assert not fixed_sum.deferred(out), "int64 sums (kernels/fixed_sum.py) come from the GEMV's rows only"
-    if cfg is None and wgmma_supports(x, w):
-        ws_cfg = ws_pick(x, w)
-        return int4_wgmma_ws(x, w, out, ws_cfg) if ws_cfg else int4_wgmma(x, w, out)
-    return _launch(x, None, w, out, cfg)
-
-
-def w4a8_linear(x_q: torch.Tensor, s_a: torch.Tensor, w: Int4Weight, out: torch.Tensor = None,
-                out_dtype: torch.dtype = torch.bfloat16, cfg: Config = None, a8_order: bool = False) -> torch.Tensor:
-    """x_q int8 [..., K] with per-token fp32 scales s_a [...] → [..., N] in out_dtype (or into `out`). From 65 rows
-    on sm_90 the warp-specialised kernel takes the call, x_q in its operand's k order: as given with a8_order (the
-    norms write it so: kernels/norms.py), else after one permuting copy; the other kernels take natural order (an
-    a8_order x_q is copied back to it)."""
-    assert x_q.dtype == torch.int8 and s_a.dtype == torch.float32 and s_a.is_contiguous()
-    if out is None:
-        out = torch.empty(*x_q.shape[:-1], w.n, dtype=out_dtype, device=x_q.device)
-    ws_cfg = ws_pick(x_q, w) if cfg is None and wgmma_supports(x_q, w) else None
-    if ws_cfg:
-        x_k = x_q.reshape(-1, w.k)
-        return int4_wgmma_ws(x_k if a8_order else a8_permute(x_k), w, out, ws_cfg, x_scale=s_a)
-    return _launch(a8_permute(x_q, inverse=True) if a8_order else x_q, s_a, w, out, cfg)

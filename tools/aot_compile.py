@@ -1,5 +1,5 @@
 """Compile every Triton kernel, as its wrapper launches it at the Qwen3.8-27B shapes, for sm_86 (RTX 3090) and
-sm_90 (H100/H200) on a machine without a GPU: `python -m tests.aot_compile`.
+sm_90 (H100/H200) on a machine without a GPU: `python -m tools.aot_compile`.
 
 The interpreter runs the kernels' logic on the CPU but never compiles them, so it misses what only the compiler
 sees: type errors in code paths it takes differently, and launches that need more shared memory than the card has
@@ -21,19 +21,14 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import JITFunction, mangle_type
 
-import kernels.attention_prefill as attention_prefill
-import kernels.attention_verify as attention_verify
+import kernels.attention as attention
 import kernels.device as gpu
-import kernels.int4_gemv as int4_gemv
-import kernels.int4_wgmma as int4_wgmma
-import kernels.int4_wgmma_ws as int4_wgmma_ws
-import kernels.int4_linear as int4_linear
 from kernels.gdn import causal_conv1d, gdn_prefill, gdn_verify, recurrent, recurrent_gluon
-from kernels.int8_embedding import int8_embedding
-from kernels.int8_linear import int8_linear
-from kernels.kv_write import write_kv
+from kernels.int4 import gemv, int4_linear, mma, w4a8_linear, wgmma_ws
+from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.sampler import SamplingTensors, rejection_sample, sample
+from layers.config import qwen38_27b
 from layers.quant import Int4Weight, Int8Weight
 
 # per target: SMs, shared memory a CTA may hold, and an SM's (the launch tables' residency: kernels/device.smem_per_sm)
@@ -42,9 +37,10 @@ POINTER = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp3
            torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8", torch.bool: "*i1",
            torch.float8_e4m3fn: "*fp8e4nv"}
 OPTIONS = ("num_warps", "num_stages", "launch_pdl", "maxnreg")
-H, V, I = 5120, 248320, 17408                      # hidden, vocabulary, MLP width
-HQ, HKV, D = 24, 4, 256                            # gated attention
-HK, HV, DK = 16, 48, 128                           # GDN
+CFG = qwen38_27b()
+H, V, I = CFG.hidden_size, CFG.vocab_size, CFG.intermediate_size                            # hidden, vocabulary, MLP
+HQ, HKV, D = CFG.num_attention_heads, CFG.num_key_value_heads, CFG.head_dim                 # gated attention
+HK, HV, DK = CFG.linear_num_key_heads, CFG.linear_num_value_heads, CFG.linear_key_head_dim  # GDN
 B, T = 4, 5                                        # a batch bucket of 4 sequences verifying k = 4 drafts
 
 
@@ -55,28 +51,36 @@ def empty(*shape, dtype=torch.bfloat16):
 def launches():
     """Call every wrapper once per configuration the engine uses; yields a label per call."""
     rows_m = (1, B * T, 320)                        # decode, a verify bucket, 64 sequences × 5 tokens
-    for n, k in ((16384, H), (H, 6144), (14336, H), (34816, H), (H, I)):
+    for n, k in CFG.linear_shapes.values():
         w = Int4Weight(empty(k // 128, n, 16, dtype=torch.int32), empty(k // 128, n, dtype=torch.float16))
-        for m in rows_m:
-            int4_linear.int4_linear(empty(m, k), w)
-        for m in (1, 2, 5, 16, 20):                 # the GPU's path for these (int4_linear picks it on CUDA only)
-            int4_gemv.int4_gemv(empty(m, k), w, empty(m, n))
-            int4_gemv.int4_gemv(empty(m, k), w, empty(m, n, dtype=torch.int64))     # deferred sums
+        dev = torch.device("meta")
+        for m in rows_m:                            # the Triton kernel (the sm_8x and interpreter path)
+            mma.launch(empty(m, k), w, empty(m, n), mma.config(m, n, k, dev))
+        for m in (1, 2, 5, 16, 20):                 # the GEMV
+            gemv.launch(empty(m, k), w, empty(m, n), gemv.config(m, n, k, dev))
+            gemv.launch(empty(m, k), w, empty(m, n, dtype=torch.int64), gemv.config(m, n, k, dev))    # deferred sums
+        for m in rows_m:                            # as the dispatcher picks
+            int4_linear(empty(m, k), w)
         if gpu.capability("meta") >= (9, 0):
-            for m in (B * T, 320):                  # and on sm_90 for these
-                int4_wgmma.int4_wgmma(empty(m, k), w, empty(m, n))
-            for tile in int4_wgmma_ws.TOKEN_TILES:  # the warp-specialised form's tiles, overlap or not: the
-                whole = tile[1] >= int4_wgmma_ws.WHOLE_ONLY     # smaller cut in ranges, the larger whole
+            for tile in wgmma_ws.TOKEN_TILES:       # the warp-specialised form's tiles, overlap or not: the
+                whole = tile[1] >= wgmma_ws.WHOLE_ONLY      # smaller cut in ranges, the larger whole
                 m, programs = (sum(tile), -(-n // 128)) if whole else (320, 132)
+                cut = dict(bm=tile[0], bm2=tile[1], programs=programs)
                 for overlap in (True, False):
-                    int4_wgmma_ws.int4_wgmma_ws(empty(m, k), w, empty(m, n), tile + (programs,), overlap=overlap)
-                if tile != int4_wgmma_ws.TOKEN_TILES[-1]:      # W4A8 (launch never takes it the 256-token tile)
-                    int4_wgmma_ws.int4_wgmma_ws(empty(m, k, dtype=torch.int8), w, empty(m, n), tile + (programs,),
-                                                x_scale=empty(m, dtype=torch.float32))
-            for tile in int4_wgmma_ws.SMALL_TILES:  # 25-64 rows: whole tiles and stream-K ranges
+                    cfg = wgmma_ws.config(m, n, k, dev, overlap=overlap, **cut)
+                    wgmma_ws.launch(empty(m, k), w, empty(m, n), cfg)
+                if tile != wgmma_ws.TOKEN_TILES[-1]:        # W4A8 (plan never takes it the 256-token tile)
+                    cfg = wgmma_ws.config(m, n, k, dev, a8=True, **cut)
+                    wgmma_ws.launch(empty(m, k, dtype=torch.int8), w, empty(m, n), cfg,
+                                    x_scale=empty(m, dtype=torch.float32))
+            for tile in wgmma_ws.SMALL_TILES:       # 25-64 rows: whole tiles and stream-K ranges
                 for programs in (-(-n // 128), 132):
-                    int4_wgmma_ws.int4_wgmma_ws(empty(tile[0], k), w, empty(tile[0], n), tile + (programs,))
-        int4_linear.w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
+                    m = tile[0]
+                    wgmma_ws.launch(empty(m, k), w, empty(m, n),
+                                    wgmma_ws.config(m, n, k, dev, bm=tile[0], bm2=tile[1], programs=programs))
+        w4a8_linear(empty(320, k, dtype=torch.int8), empty(320, dtype=torch.float32), w)
+        mma.launch(empty(320, k, dtype=torch.int8), w, empty(320, n), mma.config(320, n, k, dev, a8=True),
+                   x_scale=empty(320, dtype=torch.float32))
         yield f"int4 {n}x{k}"
     head = Int8Weight(empty(V, H, dtype=torch.int8), empty(V, dtype=torch.float16))
     for m in rows_m:
@@ -87,19 +91,20 @@ def launches():
     scale = empty(HKV, dtype=torch.float32)
     for cache_dtype in (torch.uint8, torch.bfloat16):
         kc, vc = empty(B, HKV, 4096, D, dtype=cache_dtype), empty(B, HKV, D, 4096, dtype=cache_dtype).transpose(2, 3)
-        fmts = (attention_verify.KV_BF16,) if cache_dtype == torch.bfloat16 else \
-            (attention_verify.KV_FP8_BITS, attention_verify.KV_FP8_NATIVE)
+        fmts = (attention.KV_BF16,) if cache_dtype == torch.bfloat16 else \
+            (attention.KV_FP8_BITS,) + ((attention.KV_FP8_NATIVE,) if gpu.capability("meta") >= (8, 9) else ())
         for fmt in fmts:
             q = empty(B, T, HQ, D)
             for nseg in (1, 16):                                     # the output written by attend / combine
-                attention_verify.verify_attention(q, kc, vc, scale, scale, rows, lens, empty(B, T, HQ, D),
-                                                  attention_verify.alloc_partials(B, HQ, 8, 16, D, "meta"), nseg,
-                                                  gate=empty(B, T, HQ, D), kv_fmt=fmt)
-            attention_prefill.prefill_attention(empty(1, 512, HQ, D), kc, vc, scale, scale, rows[:1], lens[:1],
-                                                empty(1, 512, HQ, D), kv_fmt=fmt)
-        write_kv(empty(B, T, HKV, D), empty(B, T, HKV, D), kc, vc, scale, scale, rows, lens)
+                attention.verify_attention(q, kc, vc, scale, scale, rows, lens, empty(B, T, HQ, D),
+                                           attention.alloc_partials(B, HQ, 8, 16, D, "meta"), nseg,
+                                           gate=empty(B, T, HQ, D), cfg=attention.verify_config(q, kc, vc, fmt))
+            qp = empty(1, 512, HQ, D)
+            attention.prefill_attention(qp, kc, vc, scale, scale, rows[:1], lens[:1], empty(1, 512, HQ, D),
+                                        cfg=attention.prefill.config(qp, kc, fmt))
+        attention.write_kv(empty(B, T, HKV, D), empty(B, T, HKV, D), kc, vc, scale, scale, rows, lens)
     yield "attention verify + prefill + kv write"
-    conv_dim = 2 * HK * DK + HV * DK
+    conv_dim = CFG.linear_conv_dim
     for state_dtype, dk_fastest in itertools.product((torch.float16, torch.float32), (False, True)):
         for width, gluon in ((B, False), (1, True), (B, True), (16, True)):      # the Gluon kernel's launches
             qk, v = empty(width, T, HK, DK), empty(width, T, HV, DK)
@@ -236,8 +241,6 @@ def main():
                     if key in seen:
                         continue
                     seen.add(key)
-                    if arch < 89 and constants.get("KV_FMT") == attention_verify.KV_FP8_NATIVE:
-                        continue                                   # the native fp8 path is for sm_89+ only
                     try:
                         source = (GluonASTSource if fn.is_gluon() else ASTSource)(fn, sig, constexprs=constants,
                                                                                   attrs=attrs)

@@ -1,8 +1,8 @@
-"""bench/targets.py: issue 3's targets read from benchmark rows (CPU; synthetic rows in bench.harness.row's form)."""
+"""tools/targets.py: result rows and issue 3's targets read from them (CPU; synthetic rows in `row`'s form)."""
 import pytest
 
-from bench import targets
-from bench.harness import row
+from tools import targets
+from tools.targets import fastest, row
 
 PEAK = 4e12
 ATTN_16K = "verify attention B1 q5 16k fp8 (KV bytes)"
@@ -95,7 +95,6 @@ def test_write_table(tmp_path):
 def test_fastest_pass_row_by_row():
     """bench.kernels keeps each row from its fastest pass; an error row stays, and a pass whose rows differ is left
     out."""
-    from bench.kernels import fastest
     a = [row("k", "s1", 10.0, 1e6, 0, PEAK), {"kernel": "k", "shape": "s2", "error": "boom"},
          row("k", "s3", 5, 1, 0, PEAK)]
     b = [row("k", "s1", 9.0, 1e6, 0, PEAK), row("k", "s2", 7.0, 1e6, 0, PEAK), row("k", "s3", 6, 1, 0, PEAK)]

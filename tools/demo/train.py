@@ -1,9 +1,9 @@
 """Train the demo model (models/demo/): a ~10 M parameter Qwen3.5-architecture model on CPython's standard library.
 
-    python -m bench.train_demo --device cpu --minutes 50          # about an hour on a laptop CPU
-    python -m bench.train_demo --device cuda --minutes 6           # what made the committed checkpoint
+    python -m tools.demo.train --device cpu --minutes 50          # about an hour on a laptop CPU
+    python -m tools.demo.train --device cuda --minutes 6           # what made the committed checkpoint
 
-Steps: (1) bench.demo.corpus prepares the tokenizer and token streams in --work (skipped when already there);
+Steps: (1) tools.demo.corpus prepares the tokenizer and token streams in --work (skipped when already there);
 (2) plain-torch training of layers.model.Qwen35Model with AdamW, linear warm-up + cosine decay, on random windows
 of the train split; the loss is next-token cross-entropy plus the MTP layer's losses for the next-next token
 and, chaining the MTP on its own normed output as drafting does (MODEL.md §5), the tokens after that;
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.demo import corpus, export
+from tools.demo import corpus, export
 from layers.config import ModelConfig
 from layers.model import Qwen35Model
 
