@@ -2,7 +2,7 @@
 GEMV for ≤ 24 rows, beyond it on sm_90 the warp-specialised Gluon wgmma GEMM (config `ws`), else the Triton
 kernel, and the Triton kernel beside them as `[triton]`; W4A8 from int8 activations — w4a8_linear, and
 from 65 rows on sm_90 its warp-specialised kernel alone (`w4a8 ws, operand order`: the activations in the operand's
-k order, as kernels/norms.py writes them with a8_order, without the wrapper's permuting copy)), cuBLAS bf16
+k order, as kernels/norms writes them with a8_order, without the wrapper's permuting copy)), cuBLAS bf16
 (`x @ w.T`), torch's `_weight_int4pack_mm` (group 128), and a launch that only reads the M = 1 GEMV's bytes
 (`read floor`, bench/floors.py: what no kernel that reads those bytes after its PDL wait beats in this harness).
 
