@@ -5,7 +5,7 @@ import pytest
 
 from capture import main
 from graphs.plan import load_profile, plan
-from layers.config import qwen38_27b
+from layers.config import ModelConfig, qwen38_27b
 
 
 def test_27b_plan_matches_the_reference_budget():
@@ -22,7 +22,7 @@ def test_context_is_capped_at_the_models_limit(capsys):
     cfg = ModelConfig.from_dir(DEMO_MODEL)
     p = plan(cfg, load_profile("rtx3090"))
     assert p.max_tokens(24 * 2**30, 1) == cfg.max_position_embeddings == 8192
-    assert plan(ModelConfig.from_dict(QWEN38_27B), load_profile("rtx3090")).max_tokens(24 * 2**30, 64) < 8192
+    assert plan(qwen38_27b(), load_profile("rtx3090")).max_tokens(24 * 2**30, 64) < 8192
     assert main([]) == 0
     assert "| 1 | 8,192 (max_position_embeddings) |" in capsys.readouterr().out
 
