@@ -2,7 +2,9 @@
 interactive chat (`--interactive`) or an OpenAI Batch JSONL file (`--batch-file IN --output OUT`).
 
 Sampling flags default to the model's generation_config. User errors (missing model, unreadable batch file, bad
-flag) print one line naming what is wrong and exit with status 2, without a traceback."""
+flag) print one line naming what is wrong and exit with status 2, without a traceback. A batch in which a request
+failed runs to the end and exits with status 1, its last stderr line saying how many failed and where their error
+records are."""
 import argparse
 import json
 import math
@@ -11,6 +13,7 @@ import sys
 
 from layers.config import MAX_SPEC_K
 
+EXIT_REQUESTS_FAILED = 1
 EXIT_USAGE = 2
 
 
@@ -25,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--prompt", action="append", help="prompt text; repeat for several prompts")
     mode.add_argument("--interactive", action="store_true", help="multi-turn chat on the terminal")
     mode.add_argument("--batch-file", metavar="IN.jsonl", help="OpenAI Batch JSONL input (needs --output)")
-    p.add_argument("--output", metavar="OUT.jsonl", help="batch results, appended (reruns skip finished ids and retry "
-                   "internal errors)")
+    p.add_argument("--output", metavar="OUT.jsonl", help="batch results, appended (a rerun skips the requests with a "
+                   "result and runs the failed ones again)")
     p.add_argument("--batch-errors", metavar="FILE", help="write failed batch requests here instead of --output")
     p.add_argument("--batch-summary-json", metavar="FILE", help="write the batch summary as JSON")
     p.add_argument("--max-new-tokens", type=int, default=512, help="tokens to generate at most (default 512; "
@@ -138,11 +141,11 @@ def _run_batch(engine, args, sampling) -> int:
     defaults = RequestDefaults(args.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p, args.seed,
                                args.ignore_eos)
     try:
-        run_batch(engine, args.batch_file, args.output, defaults, errors_path=args.batch_errors,
-                  summary_path=args.batch_summary_json)           # failed requests are recorded, not fatal
+        summary = run_batch(engine, args.batch_file, args.output, defaults, errors_path=args.batch_errors,
+                            summary_path=args.batch_summary_json)     # failed requests are recorded, not fatal
     except BatchFileError as e:
         return _user_error(e)
-    return 0
+    return EXIT_REQUESTS_FAILED if summary.failed else 0
 
 
 def _run_prompts(engine, args, sampling) -> int:

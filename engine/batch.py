@@ -1,10 +1,13 @@
 """`--batch-file`: run an OpenAI Batch JSONL file (ASSETS.md §5, the format `vllm run-batch` reads and writes).
 
-Every input line is validated up front (JSON, envelope, body parameters, duplicate custom_ids); a bad line becomes
-an error record for its custom_id (or its line number) and the others still run. Requests run one at a time in
-input order and each result is appended and flushed as soon as it finishes, so a rerun after a crash skips the
-custom_ids already in the output and loses nothing; requests that failed with an internal error (a 500) are tried
-again, and their new results put back in input order at the end of the run."""
+Every input line is validated up front (JSON, envelope, body parameters, duplicate custom_ids: the first line with
+an id runs, each later one fails); a bad line becomes an error record for its custom_id (or its line number) and the
+others still run. Errors name the field the request wrote (`body.max_completion_tokens`), never the engine's own
+parameter names. Requests run one at a time in input order and each result is appended and flushed as soon as it
+finishes, so a rerun after a crash loses nothing: it skips the requests that already have a result and runs every
+other line again, the failed ones included (a 400 whose line was fixed since, a 500 the engine may not repeat). At
+the end of a completed run the error records it superseded are taken out and each file is put back in input order,
+so every line has one record; the failures left are this run's, `failed` of the summary."""
 import contextlib
 import json
 import math
@@ -263,8 +266,8 @@ def _decode_line(number: int, raw: bytes):
 
 
 def read_input(path: str) -> list[InputLine]:
-    """Decode every non-blank line on its own: a line that is not UTF-8 JSON, or has no custom_id or a duplicated
-    one, carries an error and the others run."""
+    """Decode every non-blank line on its own: a line that is not UTF-8 JSON, or has no custom_id or the custom_id of
+    an earlier line, carries an error and the others run."""
     try:
         with open(path, "rb") as f:
             raws = f.read().split(b"\n")
@@ -284,13 +287,12 @@ def read_input(path: str) -> list[InputLine]:
             continue
         lines.append(InputLine(number, custom_id, record))
     first_line = {}
-    for line in lines:
-        if line.custom_id is not None:
-            first_line.setdefault(line.custom_id, []).append(line.number)
-    for line in lines:            # a shared custom_id cannot be matched to one result: refuse every copy
-        numbers = first_line.get(line.custom_id, [])
-        if len(numbers) > 1:
-            line.error = f"line {line.number}: duplicate custom_id {line.custom_id!r} (lines {numbers})"
+    for line in lines:            # the first line with a custom_id runs; a later one cannot be told apart from it
+        if line.custom_id is not None and line.custom_id in first_line:
+            line.error = (f"line {line.number}: duplicate custom_id {line.custom_id!r} "
+                          f"(line {first_line[line.custom_id]} has it already)")
+        elif line.custom_id is not None:
+            first_line[line.custom_id] = line.number
     return lines
 
 
@@ -298,8 +300,13 @@ RECORD_KEYS = {"id", "custom_id", "response", "error"}     # a result line's key
 
 
 def _line_numbers(lines: list) -> dict:
-    """custom_id -> its input line number (1-based in the file: blank lines count)."""
-    return {line.custom_id: line.number for line in lines if line.custom_id is not None}
+    """custom_id -> the input line number (1-based in the file: blank lines count) of its first line, the one that
+    runs."""
+    numbers = {}
+    for line in lines:
+        if line.custom_id is not None:
+            numbers.setdefault(line.custom_id, line.number)
+    return numbers
 
 
 def _position(record: dict, numbers: dict) -> float:
@@ -311,61 +318,67 @@ def _position(record: dict, numbers: dict) -> float:
     return int(match.group(1)) if match else numbers.get(record["custom_id"], math.inf)
 
 
-def _done_in(path: str | None, numbers: dict) -> tuple[set, set, float | None]:
-    """custom_ids already answered in an earlier run, error messages of line-number-only records, and the last input
-    position (_position) of the records the file keeps, in order — None where they are out of order already (a run
-    that retried a request stopped before putting it in its place). A torn last line (the process died mid-write: a
-    record's start) is cut off so the next append starts on a fresh line, and internal errors (a 500: out of
-    memory, say — not the request's fault) of custom_ids of this input (numbers: _line_numbers) are taken out so
-    the rerun tries those requests again; another id's 500 stays, as no line of this input would write it again. A file that holds anything but
-    result records is refused: it is not ours to change."""
+@dataclass
+class Found:
+    """What a results file holds for this input (_found_in)."""
+    done: set = field(default_factory=set)     # custom_ids of this input with a result (a 200): skipped
+    stale: set = field(default_factory=set)    # 0-based indices of its lines that are error records of this input
+    last: float | None = 0                     # input position (_position) of the last record it keeps (stale
+                                               # ones aside); None: those are out of order already
+
+
+def _found_in(path: str | None, numbers: dict, last_line: int) -> Found:
+    """Read what an earlier run left in `path` (numbers: _line_numbers; last_line: the input's last line number).
+    Every error record of this input — its custom_id is one of the input's, or it has none and names one of its
+    lines — is stale: the line runs again, since a 400's line may have been fixed and a 500 (out of memory, say) was
+    not the request's fault; the record is taken out at the end of the run (_finish_file) once the new one is
+    written. Error records of other ids stay, as no line of this input would write them again. A torn last line
+    (the process died mid-write: a record's start) is cut off so the next append starts on a fresh line. A file
+    that holds anything but result records is refused: it is not ours to change."""
+    found = Found()
     if not path or not os.path.exists(path):
-        return set(), set(), 0
+        return found
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
         raise BatchFileError(f"cannot read {path}: {e.strerror}") from None
     complete, _, torn = data.rpartition(b"\n")
-    raws = complete.split(b"\n") if complete else []
-    kept, ids, messages, last = [], set(), set(), 0
-    for number, raw in enumerate(raws, 1):
+    for index, raw in enumerate(complete.split(b"\n") if complete else []):
         try:
             record = json.loads(raw) if raw.strip() else None
         except (ValueError, RecursionError):
             record = {}
-        if record is not None and not (isinstance(record, dict) and set(record) == RECORD_KEYS):
-            raise BatchFileError(f"{path}: line {number} is not a batch result record: not a results file "
-                                 "to resume (give another --output)")
-        error = record and record["error"]
-        if isinstance(error, dict) and error.get("code") == "internal_error" and record["custom_id"] in numbers:
-            continue
-        kept.append(raw)
         if record is None:
             continue
-        if last is not None:
-            position = _position(record, numbers)
-            last = position if position >= last else None
-        if record["custom_id"] is not None:
-            ids.add(record["custom_id"])
-        elif isinstance(error, dict):
-            messages.add(error.get("message"))
+        if not (isinstance(record, dict) and set(record) == RECORD_KEYS):
+            raise BatchFileError(f"{path}: line {index + 1} is not a batch result record: not a results file "
+                                 "to resume (give another --output)")
+        position, custom_id = _position(record, numbers), record["custom_id"]
+        if record["error"] is not None and (custom_id in numbers or (custom_id is None and position <= last_line)):
+            found.stale.add(index)
+            continue
+        if found.last is not None:
+            found.last = position if position >= found.last else None
+        if record["error"] is None and custom_id in numbers:
+            found.done.add(custom_id)
     if torn and not torn.startswith(b'{"id": "batch_req_'):
         raise BatchFileError(f"{path}: its last line is not a batch result record: not a results file to resume "
                              "(give another --output)")
-    if torn or len(kept) < len(raws):
-        _rewrite(path, b"".join(line + b"\n" for line in kept))
-    return ids, messages, last
+    if torn:
+        _rewrite(path, complete + b"\n" if complete else b"")
+    return found
 
 
-def _put_in_input_order(path: str, numbers: dict):
-    """Results are appended as they finish, so a rerun that retried a request left its result after later ones:
-    the file is rewritten in input order (one line per input, in input order, as vLLM writes it) where it is not.
-    It reads and decodes the whole file: run_batch calls it only where a record went before one already there."""
+def _finish_file(path: str, numbers: dict, stale: set):
+    """At the end of a run: take out the error records it superseded (stale: Found.stale) and put the file in input
+    order (one line per input, as vLLM writes it), which appending breaks where a rerun ran a line before later
+    ones already there. It reads and decodes the whole file: run_batch calls it only where there is a record to
+    take out or one out of place."""
     with open(path, "rb") as f:
-        raws = [raw for raw in f.read().split(b"\n") if raw.strip()]
+        raws = [raw for index, raw in enumerate(f.read().split(b"\n")) if index not in stale and raw.strip()]
     order = [_position(json.loads(raw), numbers) for raw in raws]
-    if order != sorted(order):
+    if stale or order != sorted(order):
         _rewrite(path, b"".join(raw + b"\n" for _, raw in sorted(zip(order, raws), key=lambda p: p[0])))
 
 
@@ -420,8 +433,10 @@ class Progress:
 
 @dataclass
 class BatchSummary:
+    requests: int = 0              # lines of the input
     ok: int = 0
-    failed: int = 0
+    bad_input: int = 0             # failed with a 400: the request's fault
+    internal_error: int = 0        # failed with a 500: the engine's
     skipped: int = 0
     prompt_tokens: int = 0
     generated: int = 0
@@ -430,6 +445,17 @@ class BatchSummary:
     accepted: int = 0
     accepted_per_position: list = field(default_factory=list)
     elapsed: float = 0.0
+
+    @property
+    def failed(self) -> int:
+        return self.bad_input + self.internal_error
+
+    def failures(self, errors_in: str) -> str:
+        """One line for stderr: how many requests failed, of which kind, and the file their records are in."""
+        kinds = [f"{self.bad_input} bad input"] if self.bad_input else []
+        if self.internal_error:
+            kinds.append(f"{self.internal_error} internal error{'s' if self.internal_error > 1 else ''}")
+        return f"{self.failed} of {self.requests} requests failed ({', '.join(kinds)}); errors in {errors_in}"
 
     def add(self, stats):
         self.ok += 1
@@ -505,24 +531,34 @@ def _check_paths(in_path: str, out_path: str, errors_path: str | None, summary_p
             raise BatchFileError(f"cannot write {summary_path}: not a writable file path")
 
 
+def _skipping(skipped: list, found: dict) -> str:
+    """`Skipping 11 requests already in out.jsonl` (skipped: the input lines with a result; found: _found_in per
+    file), naming how many each file holds where they are in more than one."""
+    counts = dict.fromkeys(found, 0)
+    for line in skipped:
+        counts[next(path for path, f in found.items() if line.custom_id in f.done)] += 1
+    counts = {path: n for path, n in counts.items() if n}
+    places = " and ".join(f"{path} ({n})" if len(counts) > 1 else path for path, n in counts.items())
+    return f"Skipping {len(skipped)} requests already in {places}"
+
+
 def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *, errors_path: str | None = None,
               summary_path: str | None = None, log=None) -> BatchSummary:
     """Run every request of `in_path`, appending one record per line to `out_path` (failures to `errors_path`
-    instead, OpenAI style, when given). Progress and the summary go to `log` (default: stderr)."""
+    instead, OpenAI style, when given). Progress, the summary and, where a request failed, a line saying how many
+    and where their records are go to `log` (default: stderr)."""
     log = log or sys.stderr
     _check_paths(in_path, out_path, errors_path, summary_path)
     lines = read_input(in_path)
     numbers = _line_numbers(lines)
-    done_ids, done_errors, last = _done_in(out_path, numbers)
-    last_in = {out_path: last}                 # per file: its records' last input position, None: out of order
-    if errors_path:
-        more_ids, more_errors, last_in[errors_path] = _done_in(errors_path, numbers)
-        done_ids |= more_ids
-        done_errors |= more_errors
-    todo = [ln for ln in lines if ln.custom_id not in done_ids and not (ln.custom_id is None and ln.error in done_errors)]
-    summary = BatchSummary(skipped=len(lines) - len(todo))
-    if summary.skipped:
-        log.write(f"Skipping {summary.skipped} requests already in {out_path}\n")
+    last_line = lines[-1].number if lines else 0
+    found = {path: _found_in(path, numbers, last_line) for path in dict.fromkeys((out_path, errors_path)) if path}
+    done = set().union(*(f.done for f in found.values()))
+    skipped = [line for line in lines if not line.error and line.custom_id in done]
+    todo = [line for line in lines if line.error or line.custom_id not in done]
+    summary = BatchSummary(requests=len(lines), skipped=len(skipped))
+    if skipped:
+        log.write(_skipping(skipped, found) + "\n")
     think_end_id = engine.tokenizer.token_to_id("</think>")
     out = _open_append(out_path)
     errors = _open_append(errors_path) if errors_path else out
@@ -543,10 +579,12 @@ def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *,
         out.close()
         if errors is not out:
             errors.close()
-    for path, last in last_in.items():          # todo runs in input order: only a record put before one kept
-        if last is None or first_new.get(path, last) < last:       # from an earlier run can be out of place
-            _put_in_input_order(path, numbers)
+    for path, f in found.items():              # todo runs in input order: only a record put before one kept
+        if f.stale or f.last is None or first_new.get(path, f.last) < f.last:     # from an earlier run is out
+            _finish_file(path, numbers, f.stale)                                   # of place
     log.write(summary.format() + "\n")
+    if summary.failed:
+        log.write(summary.failures(errors_path or out_path) + "\n")
     if summary_path:
         try:
             with open(summary_path, "w", encoding="utf-8") as f:
@@ -556,18 +594,48 @@ def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *,
     return summary
 
 
+def _in_request_terms(message: str, url: str, body: dict) -> str:
+    """Engine.generate's ValueErrors name its parameters (prompt, max_new_tokens, the SamplingParams fields,
+    logprobs); the user wrote a batch request: each becomes the body field its value came from (`body.max_tokens`
+    or `body.max_completion_tokens`, `body.messages` for a chat's prompt), and a value the body left out is said to
+    be the batch default."""
+    max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    fields = {"prompt": "prompt" if url == COMPLETIONS_URL else "messages", "max_new_tokens": max_key,
+              "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "seed",
+              "logprobs": "logprobs" if url == COMPLETIONS_URL else "top_logprobs"}
+    defaulted = []
+
+    def field_name(match) -> str:
+        key = fields[match.group(0)]
+        if body.get(key) is not None:
+            return f"body.{key}"
+        defaulted.append(key)
+        return key
+
+    text = re.sub(r"\b(?:" + "|".join(fields) + r")\b", field_name, message)
+    if defaulted:
+        text += f" ({', '.join(dict.fromkeys(defaulted))}: the batch default, as the body sets none)"
+    return text
+
+
 def _run_line(engine, line: InputLine, defaults: RequestDefaults, think_end_id, summary: BatchSummary, *,
               separate_errors: bool) -> dict:
     def failure(status: int, code: str, message: str) -> dict:
-        summary.failed += 1
+        if status == 400:
+            summary.bad_input += 1
+        else:
+            summary.internal_error += 1
         return _record(line.custom_id, None if separate_errors else status, error={"code": code, "message": message})
 
     if line.error:
         return failure(400, "invalid_request", line.error)
     try:
         request = parse_request(engine, line.record, defaults)
-        body, stats = run_request(engine, request, think_end_id)
-    except ValueError as e:        # RequestError, or the engine refusing e.g. a prompt longer than its context
+        try:
+            body, stats = run_request(engine, request, think_end_id)
+        except ValueError as e:    # the engine refusing the request, e.g. a prompt longer than its context
+            raise RequestError(_in_request_terms(str(e), request.url, line.record["body"])) from None
+    except ValueError as e:        # RequestError, or the tokenizer refusing a message
         return failure(400, "invalid_request", f"line {line.number}: {e}")
     except Exception as e:         # one broken request must not end the batch
         return failure(500, "internal_error", f"line {line.number}: {type(e).__name__}: {e}")

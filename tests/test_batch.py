@@ -215,7 +215,7 @@ BAD_LINES = [
     (completion("t2", temperature=3), "t2", "body.temperature must be in [0, 2]"),
     (completion("mt", max_tokens=0), "mt", "body.max_tokens must be >= 1"),
     (completion("mt2", max_tokens=2.5), "mt2", "body.max_tokens must be an integer"),
-    (completion("tp", top_p=0), "tp", "body.top_p must be in (0, 1]"),
+    (completion("tp", top_p=0), "tp", "body.top_p must be in (0, 1], got 0"),
     (completion("tk", top_k=True), "tk", "body.top_k must be an integer"),
     (completion("sd", seed="7"), "sd", "body.seed must be an integer"),
     (completion("n", n=2), "n", "body.n must be 1"),
@@ -228,7 +228,11 @@ BAD_LINES = [
     (completion("rf", response_format={"type": "json_object"}), "rf", "body.response_format is not supported"),
     (completion("sp", stop=[""]), "sp", "body.stop"),
     (completion("ep", prompt=""), "ep", "body.prompt"),
-    (completion("long", prompt="x" * 600), "long", "max_position_embeddings"),
+    (completion("long", prompt="x" * 600), "long",
+     "tokens) + max_tokens (12) exceeds the model's max_position_embeddings (512) (max_tokens: the batch default"),
+    (completion("long2", prompt="x" * 600, max_tokens=5), "long2", "body.prompt (600 tokens) + body.max_tokens (5)"),
+    (chat("long3", max_completion_tokens=600), "long3", "body.messages (23 tokens) + body.max_completion_tokens (600)"),
+    (completion("vocab", prompt=[5, 10**6]), "vocab", "body.prompt token id(s) [1000000] outside the model's vocab"),
     (chat("nm", messages=None), "nm", "body.messages must be a non-empty list"),
     (chat("role", messages=[{"role": "robot", "content": "x"}]), "role", "body.messages[0]"),
     (chat("kw", chat_template_kwargs={"enable_thinking": "no"}), "kw", "enable_thinking"),
@@ -248,11 +252,60 @@ def test_bad_lines_get_error_records_and_the_rest_still_run(tiny_engine, tmp_pat
     assert [r["custom_id"] for r in good] == ["good-1", "good-2"]
     bad = [r for r in records if r["error"] is not None]
     for r, (_, custom_id, message) in zip(bad, BAD_LINES):
-        assert r["custom_id"] == custom_id and message in r["error"]["message"]
+        assert r["custom_id"] == custom_id and message in r["error"]["message"], (r["error"]["message"], message)
+        assert "max_new_tokens" not in r["error"]["message"]
         assert r["error"]["code"] == "invalid_request"
         assert r["response"]["status_code"] == 400 and r["response"]["body"] is None
     assert summary.ok == 2 and summary.failed == len(BAD_LINES)
     assert f"Failed requests:{' ' * 25}{len(BAD_LINES)}" in log
+
+
+DEFAULT = "the batch default, as the body sets none"
+ENGINE_REFUSALS = [     # Engine.generate arguments, the request's url and body, what its error must say
+    (([1, 2], 0, SamplingParams()), {}, "/v1/completions", {"max_tokens": 0}, "body.max_tokens must be >= 1, got 0"),
+    (([1, 2], 0, SamplingParams()), {}, "/v1/chat/completions", {"max_completion_tokens": 0},
+     "body.max_completion_tokens must be >= 1, got 0"),
+    (([1, 2], 0, SamplingParams()), {}, "/v1/completions", {},
+     f"max_tokens must be >= 1, got 0 (max_tokens: {DEFAULT})"),
+    (([1, 2], 3, SamplingParams(temperature=-1)), {}, "/v1/completions", {"temperature": -1},
+     "body.temperature must be >= 0, got -1"),
+    (([1, 2], 3, SamplingParams(top_k=-1)), {}, "/v1/completions", {}, f"top_k must be an integer >= 0, got -1 "
+                                                                      f"(top_k: {DEFAULT})"),
+    (([1, 2], 3, SamplingParams(top_p=0)), {}, "/v1/chat/completions", {"top_p": 0},
+     "body.top_p must be in (0, 1], got 0"),
+    (([1, 2], 3, SamplingParams(seed=2**70)), {}, "/v1/completions", {"seed": 2**70},
+     f"body.seed must be in [-2^63, 2^64), got {2**70}"),
+    (([1, 2], 3, SamplingParams()), {"logprobs": 21}, "/v1/completions", {"logprobs": 21},
+     "body.logprobs must be in [0, 20], got 21"),
+    (([1, 2], 3, SamplingParams()), {"logprobs": 21}, "/v1/chat/completions", {"logprobs": True, "top_logprobs": 21},
+     "body.top_logprobs must be in [0, 20], got 21"),
+    (([1] * 600, 3, SamplingParams()), {}, "/v1/completions", {"prompt": "x", "max_tokens": 3},
+     "body.prompt (600 tokens) + body.max_tokens (3) exceeds the model's max_position_embeddings (512)"),
+    (([1] * 600, 3, SamplingParams()), {}, "/v1/chat/completions", {"messages": []},
+     f"body.messages (600 tokens) + max_tokens (3) exceeds the model's max_position_embeddings (512) (max_tokens: "
+     f"{DEFAULT})"),
+    (([5, 10**6], 3, SamplingParams()), {}, "/v1/completions", {"prompt": [5, 10**6]},
+     "body.prompt token id(s) [1000000] outside the model's vocabulary (size 300)"),
+    (([], 3, SamplingParams()), {}, "/v1/completions", {"prompt": []}, "the body.prompt is empty"),
+]
+
+
+@pytest.mark.parametrize("call, kw, url, body, wanted", ENGINE_REFUSALS, ids=[r[-1] for r in ENGINE_REFUSALS])
+def test_engine_refusals_name_the_fields_the_request_wrote(tiny_engine, call, kw, url, body, wanted):
+    """Engine.generate's ValueErrors name its own parameters (max_new_tokens, prompt, the SamplingParams fields,
+    logprobs): a batch error names the body field each value came from instead, or says it is the batch default."""
+    from engine.batch import _in_request_terms
+    with pytest.raises(ValueError) as refusal:
+        tiny_engine.generate(*call, **kw)
+    assert _in_request_terms(str(refusal.value), url, body) == wanted
+
+
+def test_a_bad_batch_default_is_named_as_one(tiny_engine, tmp_path):
+    """Reached through the batch: a default the request left alone fails in SamplingParams.validate and is named."""
+    bad_default = RequestDefaults(max_tokens=2, temperature=-1.0, top_k=0, top_p=1.0)
+    records, summary, _ = run(tiny_engine, tmp_path, [completion("t")], bad_default)
+    assert records[0]["error"]["message"] == (f"line 1: temperature must be >= 0, got -1.0 (temperature: {DEFAULT})")
+    assert summary.bad_input == 1
 
 
 def test_undecodable_lines_fail_alone(tiny_engine, tmp_path):
@@ -273,12 +326,17 @@ def test_undecodable_lines_fail_alone(tiny_engine, tmp_path):
         assert record["error"]["message"].startswith(message), (record["error"]["message"], message)
 
 
-def test_duplicate_custom_ids_are_all_rejected_up_front(tiny_engine, tmp_path):
-    records, summary, _ = run(tiny_engine, tmp_path, [completion("d", max_tokens=2), completion("ok", max_tokens=2),
-                                                      chat("d", max_tokens=2)])
+def test_a_duplicate_custom_id_fails_the_later_line_only(tiny_engine, tmp_path):
+    """The first line with an id runs; each later one gets an error naming the line that has it, on every run."""
+    items = [completion("d", max_tokens=2), completion("ok", max_tokens=2), chat("d", max_tokens=2)]
+    records, summary, log = run(tiny_engine, tmp_path, items)
     assert [r["custom_id"] for r in records] == ["d", "ok", "d"]
-    assert [r["error"] is None for r in records] == [False, True, False]
-    assert "duplicate custom_id 'd'" in records[0]["error"]["message"] and summary.failed == 2
+    assert [r["error"] is None for r in records] == [True, True, False] and summary.failed == 1
+    assert records[2]["error"]["message"] == "line 3: duplicate custom_id 'd' (line 1 has it already)"
+    assert records[0]["response"]["body"]["object"] == "text_completion"
+    records, again, log = run(tiny_engine, tmp_path, items)
+    assert again.skipped == 2 and again.ok == 0 and again.failed == 1 and "Skipping 2 requests" in log
+    assert [r["custom_id"] for r in records] == ["d", "ok", "d"] and records[2]["error"]["code"] == "invalid_request"
 
 
 def test_rerun_after_a_crash_skips_finished_ids_and_drops_a_torn_line(tiny_engine, tmp_path):
@@ -289,10 +347,10 @@ def test_rerun_after_a_crash_skips_finished_ids_and_drops_a_torn_line(tiny_engin
     out.write_text("".join(lines[:3]) + lines[3][:25])          # died while writing the 4th record
     records, summary, log = run(tiny_engine, tmp_path, items)
     assert [r["custom_id"] for r in records] == [None, "c0", "c1", "c2", "c3"]
-    assert summary.skipped == 3 and summary.ok == 2 and "Skipping 3 requests" in log
-    _, again, _ = run(tiny_engine, tmp_path, items)
-    assert again.skipped == 5 and again.ok == again.failed == 0
-    assert len(read_records(out)) == 5
+    assert summary.skipped == 2 and summary.ok == 2 and summary.failed == 1 and "Skipping 2 requests" in log
+    records, again, _ = run(tiny_engine, tmp_path, items)      # the broken line fails again, its old error taken out
+    assert again.skipped == 4 and again.ok == 0 and again.failed == 1
+    assert [r["custom_id"] for r in records] == [None, "c0", "c1", "c2", "c3"]
 
 
 def test_a_rewritten_output_keeps_its_symlink_and_mode(tiny_engine, tmp_path):
@@ -326,47 +384,101 @@ def out_of_memory_on(engine, prompt="oops"):
 
 
 @pytest.mark.parametrize("separate", [False, True], ids=["in the output", "in the errors file"])
-def test_rerun_retries_internal_errors_only(tiny_engine, tmp_path, monkeypatch, separate):
-    """A request that failed with a 500 (the engine's fault: out of memory, say) is tried again by a rerun and its
-    old record taken out, so each custom_id still has one line; a 400 (the request's fault) stays as it is."""
-    items = [completion("ok", max_tokens=2), completion("boom", max_tokens=2), completion("bad", max_tokens=0)]
+def test_rerun_runs_failed_lines_again_and_supersedes_their_records(tiny_engine, tmp_path, monkeypatch, separate):
+    """A rerun skips only the requests with a result and runs every failed line again: a 500 (the engine's fault:
+    out of memory, say) and a 400 whose line was fixed get their results, a line still bad gets its error again.
+    The old error records are taken out, so each line keeps one record, in input order."""
     real = tiny_engine.generate
-    items[1]["body"]["prompt"] = "oops"
+    items = [completion("ok", max_tokens=2), completion("boom", max_tokens=2, prompt="oops"),
+             completion("bad", max_tokens=0), "{broken", completion("worse", max_tokens=0)]
     errors = str(tmp_path / "errors.jsonl") if separate else None
+    out = str(tmp_path / "out.jsonl")
+    where = errors or out
     monkeypatch.setattr(tiny_engine, "generate", out_of_memory_on(tiny_engine))
-    _, first, _ = run(tiny_engine, tmp_path, items, errors_path=errors)
-    assert first.ok == 1 and first.failed == 2
+    _, first, log = run(tiny_engine, tmp_path, items, errors_path=errors)
+    assert first.ok == 1 and first.bad_input == 3 and first.internal_error == 1
+    assert log.endswith(f"4 of 5 requests failed (3 bad input, 1 internal error); errors in {where}\n")
     monkeypatch.setattr(tiny_engine, "generate", real)
+    items[2]["body"]["max_tokens"], items[3] = 3, completion("mended", max_tokens=2)       # two lines fixed
     records, again, log = run(tiny_engine, tmp_path, items, errors_path=errors)
-    assert again.skipped == 2 and again.ok == 1 and again.failed == 0
-    if separate:
-        records += read_records(errors)
-    by_id = {r["custom_id"]: r for r in records}
-    assert len(records) == len(by_id) == 3
-    if not separate:            # the retried result put back in its input line's place
-        assert [r["custom_id"] for r in records] == ["ok", "boom", "bad"]
-    assert by_id["boom"]["error"] is None and by_id["bad"]["error"]["code"] == "invalid_request"
+    assert again.skipped == 1 and again.ok == 3 and again.failed == again.bad_input == 1
+    assert f"Skipping 1 requests already in {out}\n" in log
+    assert log.endswith(f"1 of 5 requests failed (1 bad input); errors in {where}\n")
+    failures = read_records(errors) if separate else [r for r in records if r["error"]]
+    assert [r["custom_id"] for r in records if not r["error"]] == ["ok", "boom", "bad", "mended"]
+    assert [r["custom_id"] for r in failures] == ["worse"] and "body.max_tokens" in failures[0]["error"]["message"]
+    if not separate:            # the retried results put back in their input lines' places
+        assert [r["custom_id"] for r in records] == ["ok", "boom", "bad", "mended", "worse"]
+    assert records[2]["response"]["body"]["usage"]["completion_tokens"] == 3
+    records, third, log = run(tiny_engine, tmp_path, items, errors_path=errors)
+    assert third.skipped == 4 and third.ok == 0 and third.failed == 1
+    assert f"Skipping 4 requests already in {out}\n" in log
+    assert len(records) == (4 if separate else 5) and len(read_records(where)) == (1 if separate else 5)
 
 
-def test_results_are_reordered_only_where_a_record_went_before_an_earlier_one(tiny_engine, tmp_path, monkeypatch):
-    """The pass that puts a file in input order reads and decodes all of it, so it runs only where this run put a
-    record before one an earlier run wrote (a retried 500), or found the file out of order (a retry run that
-    stopped before its pass): not after a first run, nor after a rerun that only appended later lines."""
+def test_skipped_requests_are_counted_in_the_file_each_was_found_in(tiny_engine, tmp_path):
+    """Only requests with a result are skipped, each counted once, naming the file it is in: here results that an
+    earlier run wrote to the file now given as --batch-errors."""
+    items = [completion(f"c{i}", max_tokens=2) for i in range(3)]
+    first, second = str(tmp_path / "first.jsonl"), str(tmp_path / "second.jsonl")
+    run_batch(tiny_engine, write_lines(tmp_path / "in.jsonl", items[:2]), first, GREEDY, log=io.StringIO())
+    for skipped, message in [(2, f"Skipping 2 requests already in {first}\n"),
+                             (3, f"Skipping 3 requests already in {second} (1) and {first} (2)\n")]:
+        log = io.StringIO()
+        summary = run_batch(tiny_engine, write_lines(tmp_path / "in.jsonl", items), second, GREEDY, log=log,
+                            errors_path=first)
+        assert summary.skipped == skipped and message in log.getvalue()
+    assert [r["custom_id"] for r in read_records(second)] == ["c2"] and len(read_records(first)) == 2
+
+
+def test_a_rerun_stopped_before_its_end_keeps_the_old_error_records(tiny_engine, tmp_path, monkeypatch):
+    """Old error records are taken out only at the end of a run: one that stops on the way (a crash, ^C) leaves
+    them with the new records appended, so no line is left without one; the next run sorts them out."""
     import engine.batch as batch
-    real_pass, real_generate = batch._put_in_input_order, tiny_engine.generate
+    items = [completion("a", max_tokens=0), completion("b", max_tokens=0), completion("c", max_tokens=2)]
+    run(tiny_engine, tmp_path, items)
+    items[0]["body"]["max_tokens"] = items[1]["body"]["max_tokens"] = 2
+    real = batch._run_line
+    calls = []
+
+    def crash_on_second(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+    monkeypatch.setattr(batch, "_run_line", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_engine, tmp_path, items)
+    records = read_records(tmp_path / "out.jsonl")
+    assert [(r["custom_id"], r["error"] is None) for r in records] == [("a", False), ("b", False), ("c", True),
+                                                                      ("a", True)]
+    monkeypatch.setattr(batch, "_run_line", real)
+    records, summary, _ = run(tiny_engine, tmp_path, items)
+    assert summary.skipped == 2 and summary.ok == 1 and summary.failed == 0
+    assert [(r["custom_id"], r["error"]) for r in records] == [("a", None), ("b", None), ("c", None)]
+
+
+def test_files_are_rewritten_only_where_a_record_is_superseded_or_out_of_place(tiny_engine, tmp_path, monkeypatch):
+    """The end-of-run pass reads and decodes the whole file, so it runs only where this run superseded an error
+    record, put a record before one an earlier run wrote, or found the file out of order (a rerun that stopped
+    before its pass): not after a first run, nor after a rerun that only appended later lines."""
+    import engine.batch as batch
+    real_pass, real_generate = batch._finish_file, tiny_engine.generate
     passes = []
-    monkeypatch.setattr(batch, "_put_in_input_order", lambda path, numbers: passes.append(path))
+    monkeypatch.setattr(batch, "_finish_file", lambda path, numbers, stale: passes.append(path))
     items = [completion("a", max_tokens=2), completion("b", max_tokens=2, prompt="oops"), completion("c", max_tokens=2)]
     monkeypatch.setattr(tiny_engine, "generate", out_of_memory_on(tiny_engine))
-    run(tiny_engine, tmp_path, items[:2])
-    run(tiny_engine, tmp_path, items)                   # c appended after a, b: in order, b's 500 not yet retried
+    run(tiny_engine, tmp_path, items[:1])
+    run(tiny_engine, tmp_path, items)                   # b's 500 and c appended after a: in order, nothing superseded
     assert passes == []
     monkeypatch.setattr(tiny_engine, "generate", real_generate)
     records, _, _ = run(tiny_engine, tmp_path, items)   # b retried, its result after c; the pass "crashed"
-    assert [r["custom_id"] for r in records] == ["a", "c", "b"] and len(passes) == 1
-    monkeypatch.setattr(batch, "_put_in_input_order", real_pass)
+    assert [(r["custom_id"], r["error"] is None) for r in records] == [("a", True), ("b", False), ("c", True),
+                                                                      ("b", True)] and len(passes) == 1
+    monkeypatch.setattr(batch, "_finish_file", real_pass)
     records, summary, _ = run(tiny_engine, tmp_path, items)
-    assert summary.skipped == 3 and [r["custom_id"] for r in records] == ["a", "b", "c"]
+    assert summary.skipped == 3 and [(r["custom_id"], r["error"]) for r in records] == [("a", None), ("b", None),
+                                                                                       ("c", None)]
 
 
 def test_rerun_keeps_internal_errors_of_ids_not_in_its_input(tiny_engine, tmp_path, monkeypatch):

@@ -112,14 +112,33 @@ def test_human_output_is_mlx_style(capsys, model_dir, tiny_engine):
 def test_batch_mode(capsys, model_dir, tmp_path):
     batch = tmp_path / "in.jsonl"
     batch.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
-                                 "body": {"prompt": "x", "max_tokens": 3}}) + "\nnot json\n")
+                                 "body": {"prompt": "x", "max_tokens": 3}}) + "\n")
     out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
     assert run.main(["--model", model_dir, "--batch-file", str(batch), "--output", str(out),
                      "--batch-summary-json", str(summary), "--temperature", "0"]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["custom_id"] for r in records] == ["a", None] and records[1]["error"]
+    assert [r["custom_id"] for r in records] == ["a"] and records[0]["error"] is None
     assert json.loads(summary.read_text())["completed"] == 1
-    assert "Successful requests:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Successful requests:" in err and "failed (" not in err
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["in the output", "in the errors file"])
+def test_batch_with_a_failed_request_exits_1_saying_where_the_errors_are(model_dir, tmp_path, separate):
+    """The batch runs to the end; the exit status is 1 and stderr's last line counts the failures and names the file
+    holding their records, the errors file where one is given."""
+    batch = tmp_path / "in.jsonl"
+    request = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 3}}
+    too_long = {**request, "custom_id": "b", "body": {"prompt": "x", "max_tokens": 9999}}
+    batch.write_text("\n".join([json.dumps(request), "not json", json.dumps(too_long)]))
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    proc = cli("--model", model_dir, "--batch-file", str(batch), "--output", str(out),
+               *(["--batch-errors", str(errors)] if separate else []))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.endswith(f"2 of 3 requests failed (2 bad input); errors in {errors if separate else out}\n")
+    failures = [json.loads(line) for line in (errors if separate else out).read_text().splitlines()][-2:]
+    assert [r["error"]["message"][:7] for r in failures] == ["line 2:", "line 3:"]
+    assert "body.max_tokens (9999) exceeds" in failures[1]["error"]["message"]
 
 
 def test_interactive_mode(capsys, model_dir, monkeypatch):
