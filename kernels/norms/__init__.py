@@ -1,12 +1,9 @@
-"""Fused norms and activations, optionally with int8 per-token outputs; references in ref.py. The ops load on first
-use, so that kernels.norms.ref (layers/model.py's) needs torch only."""
-import importlib
+"""Fused norms and activations, optionally with int8 per-token outputs (layers/quant's W4A8 activations):
+add_rmsnorm (residual add + RMSNorm), gated_rmsnorm (the GDN output norm), qk_norm_rope (q/k norms, partial RoPE,
+the gate split and the KV write), silu_mul. One variant each; references in ref.py."""
+from kernels.norms.gated import gated_rmsnorm
+from kernels.norms.rmsnorm import add_rmsnorm
+from kernels.norms.rope import qk_norm_rope
+from kernels.norms.silu import silu_mul
 
-_MODULES = {"add_rmsnorm": "rmsnorm", "gated_rmsnorm": "gated", "qk_norm_rope": "rope", "silu_mul": "silu"}
-__all__ = list(_MODULES)
-
-
-def __getattr__(name):
-    if name in _MODULES:
-        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mul"]
