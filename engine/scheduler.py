@@ -212,14 +212,17 @@ class Scheduler:
             raise ValueError(f"update: {len(decoded)} decoded rows for {plan.num_decode} decoding sequences")
         if len(sampled) < len(plan.prefill):
             raise ValueError(f"update: {len(sampled)} sampled tokens for {len(plan.prefill)} prefill chunks")
+        k, n = plan.k, plan.num_decode
+        lengths = list(map(len, decoded[:n]))
+        if n and (min(lengths) < 1 or max(lengths) > k + 1):
+            i = next(i for i, m in enumerate(lengths) if not 1 <= m <= k + 1)
+            raise ValueError(f"update: sequence {plan.rows[i].seq_id!r} emitted {lengths[i]} tokens; a step with "
+                             f"k = {k} emits 1 to {k + 1}")
         self._plan = None
-        now, k, out, done = self.clock(), plan.k, [], False
+        now, out, done = self.clock(), [], False
         for seq, tokens in zip(plan.rows, decoded):
             if seq is None:
                 break
-            if not 1 <= len(tokens) <= k + 1:
-                raise ValueError(f"update: sequence {seq.seq_id!r} emitted {len(tokens)} tokens; a step with "
-                                 f"k = {k} emits 1 to {k + 1}")
             kept, reason = self._append(seq, tokens)
             stats = seq.stats
             stats.steps += 1

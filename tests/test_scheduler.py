@@ -85,8 +85,13 @@ def test_bucket_is_the_smallest_that_holds_the_rows_and_k_is_its_own():
         assert (plan.num_decode, plan.bucket, plan.k) == (n, bucket, k)
         assert len(plan.rows) == len(plan.slots) == bucket and plan.slots[n:] == [PAD_SLOT] * (bucket - n)
         assert plan.rows[n:] == [None] * (bucket - n)
-    with pytest.raises(ValueError, match="emitted 3 tokens; a step with k = 1 emits 1 to 2"):
-        s.update(s.schedule(), [[7, 7, 7]] * 5, [])
+    plan = s.schedule()
+    before = [q.output_ids[:] for q in plan.rows[:5]]
+    with pytest.raises(ValueError, match="sequence 4 emitted 3 tokens; a step with k = 1 emits 1 to 2"):
+        s.update(plan, [[7]] * 3 + [[7, 7, 7], [7]], [])
+    assert [q.output_ids for q in plan.rows[:5]] == before       # nothing applied: the plan can be updated again
+    s.update(plan, [[7]] * 5, [])
+    assert [len(q.output_ids) for q in plan.rows[:5]] == [len(b) + 1 for b in before]
 
 
 def test_finishing_on_a_stop_id_cuts_the_round_and_frees_the_slot_for_the_next_request():
