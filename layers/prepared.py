@@ -334,6 +334,8 @@ def prepare(model_dir: str, device="cpu", body: str = "int4", progress: Callable
                     _fill(f, path, key, shape, dest, row0, device, on_block)
                     done[0] += 1
                     report(done[0], total, nbytes[0], total_bytes)
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()              # the quantiser's temporaries: the memory plan counts what is left
     return prepared
 
 
@@ -373,6 +375,9 @@ def save_prepared(prepared: PreparedModel, out_dir: str, source_dir: str, comman
     model). command: how it was made, for the manifest (default: this process's command line). Returns the
     manifest's path."""
     os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, MANIFEST)
+    if os.path.exists(path):
+        os.remove(path)                       # until the new one is written, the directory is not a prepared model
     for name in COMPANIONS:
         src, dst = os.path.join(source_dir, name), os.path.join(out_dir, name)
         if os.path.exists(src) and not (os.path.exists(dst) and os.path.samefile(src, dst)):
@@ -401,7 +406,6 @@ def save_prepared(prepared: PreparedModel, out_dir: str, source_dir: str, comman
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "weight_map": weight_map,
     }
-    path = os.path.join(out_dir, MANIFEST)
     _write_json(path, manifest)
     return path
 
@@ -494,3 +498,24 @@ def load_prepared(prepared_dir: str, device="cpu") -> PreparedModel:
                     raise PreparedError(f"{path}: tensor '{key}' could not be read: {e}") from None
                 expected[key].copy_(tensor)
     return prepared
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description="Prepare a checkpoint's weights for the kernel path once and save "
+                                             "them (layers/prepared.py); later starts load them directly.")
+    ap.add_argument("model", help="checkpoint directory (bf16 / fp16 / fp32 safetensors)")
+    ap.add_argument("out", help="directory to write the prepared weights to")
+    ap.add_argument("--body", choices=BODIES, default="int4", help="body linears: int4 g128 (default) or bf16")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where to quantise (default: cuda when there is one)")
+    args = ap.parse_args(argv)
+    try:
+        prepared = prepare(args.model, args.device, body=args.body)
+        print(save_prepared(prepared, args.out, args.model))
+    except (CheckpointError, ValueError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -345,3 +345,32 @@ def test_one_source_block_at_a_time_and_progress(ckpt, monkeypatch, capsys):
     err = capsys.readouterr().err
     gb = f"{total_bytes / 1e9:.2f}"
     assert err.startswith("\rpreparing weights: ") and err.endswith(f"{total}/{total} tensors, {gb}/{gb} GB\n")
+
+
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+def test_the_kernels_take_the_prepared_weights(tiny):
+    """The int4 linear and the int8 embedding / lm_head (kernels/, in Triton's interpreter on the CPU) read the
+    prepared tensors as they are and give the dequantised reference."""
+    from kernels.int4 import int4_linear
+    from kernels.int8 import int8_embedding, int8_linear
+    p = prepare(tiny, "cpu", progress=QUIET)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, p.cfg.vocab_size, (3,), generator=gen)
+    x = int8_embedding(ids, p.embed)
+    assert rel_err(x, dequantize_int8(p.embed)[ids]) < 4e-3
+    for linear in (p.layers[0].mixer.in_proj, p.layers[3].mixer.qkv_gate, p.layers[0].mlp.down, p.mtp.fc):
+        xi = torch.randn(3, linear.k, generator=gen).to(torch.bfloat16)
+        out = int4_linear(xi, linear, out=torch.empty(3, linear.n))
+        assert rel_err(out, xi.float() @ dequantize_int4(linear).T) < 4e-3
+    logits = int8_linear(x, p.lm_head, out=torch.empty(3, p.cfg.vocab_size))
+    assert rel_err(logits, x.float() @ dequantize_int8(p.lm_head).T) < 4e-3
+
+
+def test_command_line(tiny, tmp_path, capsys):
+    """python -m layers.prepared MODEL OUT: prepares, saves, prints the manifest's path; errors: one line."""
+    out = str(tmp_path / "out")
+    prep.main([tiny, out, "--device", "cpu", "--body", "bf16"])
+    assert capsys.readouterr().out.strip() == os.path.join(out, "manifest.json")
+    assert load_prepared(out).body == "bf16"
+    with pytest.raises(SystemExit, match=f"error: {tmp_path}/missing/config.json: not found"):
+        prep.main([str(tmp_path / "missing"), out, "--device", "cpu"])
