@@ -298,12 +298,13 @@ def prepare(model_dir: str, device="cpu", body: str = "int4", progress: Callable
         raise ValueError(f"body must be one of {BODIES}, got {body!r}")
     model, found = checked_headers(model_dir, with_mtp)
     cfg = model.cfg
+    by_file = {}
+    for name, (path, key, shape) in found.items():
+        by_file.setdefault(path, []).append((name, key, shape))
     sizes = {}
-    for path in sorted({p for p, _, _ in found.values()}):
+    for path, items in by_file.items():
         with safe_open(path, framework="pt") as f:
-            for name, (p, key, shape) in found.items():
-                if p != path:
-                    continue
+            for name, key, shape in items:
                 dtype = f.get_slice(key).get_dtype()
                 if dtype not in ("BF16", "F16", "F32"):
                     raise CheckpointError(f"{path}: tensor '{key}' has dtype {dtype}; expected F32/F16/BF16 "
@@ -323,9 +324,6 @@ def prepare(model_dir: str, device="cpu", body: str = "int4", progress: Callable
         nbytes[0] += n
         report(done[0], total, nbytes[0], total_bytes)
 
-    by_file = {}
-    for name, (path, key, shape) in found.items():
-        by_file.setdefault(path, []).append((name, key, shape))
     with torch.no_grad():
         for path, items in by_file.items():
             with safe_open(path, framework="pt") as f:
