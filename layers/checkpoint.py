@@ -92,7 +92,10 @@ def _check_tied_head(head, embed):
                                   "tie_word_embeddings true (set it false to use this head)")
 
 
-def load_model(model_dir: str, device="cpu", dtype=torch.bfloat16, with_mtp: bool = True) -> Qwen35Model:
+def checked_headers(model_dir: str, with_mtp: bool = True) -> tuple[Qwen35Model, dict]:
+    """Every header checked against the config's model, before any tensor is read: (the model on the meta device,
+    its mtp None when not asked for or absent from the checkpoint, {parameter name: (file, checkpoint key, shape)}
+    of exactly the tensors to load; a tied head's lm_head.weight, equal to the embedding, left out)."""
     cfg = ModelConfig.from_dir(model_dir)
     with torch.device("meta"):
         model = Qwen35Model(cfg, with_mtp=with_mtp)
@@ -120,7 +123,11 @@ def load_model(model_dir: str, device="cpu", dtype=torch.bfloat16, with_mtp: boo
     if missing:
         raise CheckpointError(f"{model_dir}: missing tensor(s) {', '.join(missing[:5])}"
                               + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    return model, found
 
+
+def load_model(model_dir: str, device="cpu", dtype=torch.bfloat16, with_mtp: bool = True) -> Qwen35Model:
+    model, found = checked_headers(model_dir, with_mtp)
     by_file = {}
     for name, (path, key, _) in found.items():
         by_file.setdefault(path, []).append((name, key))
