@@ -9,7 +9,7 @@ import statistics
 
 import torch
 
-from tools.targets import RESULTS, results_slug, row  # noqa: F401 (row: the form every suite writes)
+from tools.targets import RESULTS, results_slug
 
 ROTATE_BYTES = 256 << 20                # over 4x the H200's L2
 

@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 
 from bench.floors import read_floor_us
-from bench.harness import Rotation, measure_bandwidth, row, suite_main, time_us
+from bench.harness import Rotation, measure_bandwidth, suite_main, time_us
 from kernels.attention import (KV_BF16, KV_FP8_BITS, KV_FP8_NATIVE, alloc_partials, choose_nseg, kv_format, prefill,
                                prefill_attention, verify, verify_attention, verify_config, verify_gluon, write_kv)
 from kernels.attention.config import LAUNCH_CONFIGS, PREFILL_CONFIGS
 from kernels.attention.kv_write import v_transposed
 from layers.config import qwen38_27b
-from tools.targets import ATTENTION_FLOOR
+from tools.targets import ATTENTION_FLOOR, row
 
 _27B = qwen38_27b()
 HQ, HKV, D, Q_LEN = _27B.num_attention_heads, _27B.num_key_value_heads, _27B.head_dim, 5

@@ -17,11 +17,11 @@ import torch
 import triton
 
 from bench.floors import read_write_floor_us
-from bench.harness import Rotation, row, suite_main, time_us
+from bench.harness import Rotation, suite_main, time_us
 from kernels.gdn import causal_conv1d, chunked, gdn_prefill, gdn_verify, prefill_workspace, recurrent, \
     recurrent_gluon, state_pool
 from layers.config import qwen38_27b
-from tools.targets import GDN_FLOOR, GDN_FLOOR_INPUTS
+from tools.targets import GDN_FLOOR, GDN_FLOOR_INPUTS, row
 
 M27 = qwen38_27b()
 HV, HK, D, K = M27.linear_num_value_heads, M27.linear_num_key_heads, M27.linear_key_head_dim, M27.linear_conv_kernel_dim

@@ -21,13 +21,13 @@ import itertools
 import torch
 
 from bench.floors import read_floor_us
-from bench.harness import Rotation, best_of, row, suite_main, time_us
+from bench.harness import Rotation, best_of, suite_main, time_us
 from kernels import device as gpu
 from kernels.int4 import config, gemv, int4_linear, mma, w4a8_linear, wgmma_ws
 from kernels.int4.mma import CODES, NATURAL, WEIGHTS_A
 from layers.config import qwen38_27b
 from layers.quant import Int4Weight, a8_permute
-from tools.targets import GEMV_FLOOR, int4_bytes
+from tools.targets import GEMV_FLOOR, int4_bytes, row
 
 SHAPES = tuple((name, n, k) for name, (n, k) in qwen38_27b().linear_shapes.items())     # name, N, K
 GEMV_M = (1, 2, 3, 4, 5)

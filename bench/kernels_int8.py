@@ -10,11 +10,12 @@ beside them)."""
 
 import torch
 
-from bench.harness import Rotation, best_of, row, suite_main, time_us
+from bench.harness import Rotation, best_of, suite_main, time_us
 from kernels.int8 import int8_embedding, int8_linear
 from kernels.int8.linear import GEMM_SWEEP, GEMV_SWEEP, Config, config, split_activations
 from layers.config import qwen38_27b
 from layers.quant import Int8Weight
+from tools.targets import row
 
 VOCAB, HIDDEN = qwen38_27b().vocab_size, qwen38_27b().hidden_size
 LINEAR_M = (1, 2, 3, 4, 5, 64, 320)

@@ -6,11 +6,12 @@ T = 1. Bytes counted: every input read once and every output written once. Nothi
 so a fraction of the copy peak here is not an HBM fraction (no target reads these rows)."""
 import torch
 
-from bench.harness import row, time_us
+from bench.harness import time_us
 from kernels import norms as N
 from kernels.norms import ref as R
 from kernels.norms.ref import rope_tables
 from layers.config import qwen38_27b
+from tools.targets import row
 
 DEV, BF = "cuda", torch.bfloat16
 _M = qwen38_27b()

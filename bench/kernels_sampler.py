@@ -11,10 +11,11 @@ import dataclasses
 
 import torch
 
-from bench.harness import row, suite_main, time_us
+from bench.harness import suite_main, time_us
 from kernels.sampler import (RejectionWorkspace, SamplerWorkspace, SamplingTensors, config, rejection_sample, sample,
                              sample_drafts)
 from layers.config import qwen38_27b
+from tools.targets import row
 
 V, DEV, K = qwen38_27b().vocab_size, "cuda", 4
 QWEN = (1.0, 20, 0.95)                                     # generation_config default

@@ -19,7 +19,7 @@ import itertools
 
 import torch
 
-from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
+from bench.harness import gpu_name, measure_bandwidth, time_us, write_results
 from bench.kernels_int4 import random_int4
 from kernels import device as gpu, fixed_sum
 from kernels.attention import alloc_partials, choose_nseg, kv_cache, verify_attention
@@ -29,7 +29,7 @@ from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.norms.ref import rope_tables
 from layers.config import ModelConfig, qwen38_27b
 from layers.quant import concat_outputs
-from tools.targets import int4_bytes
+from tools.targets import int4_bytes, row
 
 
 class Layer:
@@ -41,8 +41,7 @@ class Layer:
     def __init__(self, kind, B, T, ctx, cfg: ModelConfig, device, deferred=True):
         self.B, self.T, self.kind, self.cfg = B, T, kind, cfg
         H, I = cfg.hidden_size, cfg.intermediate_size
-        hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                          cfg.linear_value_head_dim)
+        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bf = dict(dtype=torch.bfloat16, device=device)
         M = B * T

@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from bench.harness import gpu_name, measure_bandwidth, row, time_us, write_results
+from bench.harness import gpu_name, measure_bandwidth, time_us, write_results
 from bench.kernels_int4 import random_int4
 from bench.kernels_int8 import lm_head_bytes, random_int8
 from bench.kernels_sampler import QWEN, params_for
@@ -30,7 +30,7 @@ from kernels.norms import add_rmsnorm
 from kernels.sampler import (RejectionWorkspace, SamplerWorkspace, rejection_sample, sample, sample_drafts,
                              target_to_draft)
 from layers.config import qwen38_27b
-from tools.targets import int4_bytes
+from tools.targets import int4_bytes, row
 
 
 class Step:

@@ -123,3 +123,21 @@ def reference_model(model_dir, dtype=torch.float32):
 def rel_err(out, ref) -> float:
     """Relative error of a kernel output against its reference, in the 2-norm over all elements (fp32)."""
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def edit_safetensors(path: str, fn) -> str:
+    """Rewrite a safetensors file after fn(tensors) edits its {name: tensor} dict in place."""
+    tensors = load_file(path)
+    fn(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+    return path
+
+
+def edit_json(path: str, fn) -> str:
+    """Rewrite a JSON file after fn(obj) edits it in place."""
+    with open(path) as f:
+        obj = json.load(f)
+    fn(obj)
+    with open(path, "w") as f:
+        json.dump(obj, f)
+    return path

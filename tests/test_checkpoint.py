@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from layers.checkpoint import CheckpointError, load_model
 from layers.config import ConfigError, ModelConfig
-from tests.fixtures import make_tiny_checkpoint
+from tests.fixtures import edit_json, edit_safetensors, make_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -23,21 +23,11 @@ def ckpt(source, tmp_path):
 
 
 def edit_tensors(model_dir, fn):
-    path = os.path.join(model_dir, "model.safetensors")
-    tensors = load_file(path)
-    fn(tensors)
-    save_file(tensors, path, metadata={"format": "pt"})
-    return path
+    return edit_safetensors(os.path.join(model_dir, "model.safetensors"), fn)
 
 
 def edit_config(model_dir, fn):
-    path = os.path.join(model_dir, "config.json")
-    with open(path) as f:
-        cfg = json.load(f)
-    fn(cfg)
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-    return path
+    return edit_json(os.path.join(model_dir, "config.json"), fn)
 
 
 def test_loads_release_layout_and_keeps_fp32_tensors(ckpt):

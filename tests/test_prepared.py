@@ -10,14 +10,13 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
 import layers.prepared as prep
 from layers.checkpoint import CheckpointError, load_model
 from layers.prepared import (PreparedError, attention_columns, gdn_in_proj_columns, load_prepared, mlp_columns,
                              prepare, save_prepared)
 from layers.quant import Int4Weight, dequantize_int4, dequantize_int8, quantize_int4
-from tests.fixtures import CONFIGS, make_tiny_checkpoint, rel_err
+from tests.fixtures import CONFIGS, edit_json, edit_safetensors, make_tiny_checkpoint, rel_err
 
 DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "demo")
 QUIET = lambda *a: None                                                           # noqa: E731
@@ -211,36 +210,24 @@ def saved(ckpt, tmp_path):
     return out, os.path.join(out, "prepared-00001-of-00001.safetensors")
 
 
-def edit_file(path, fn):
-    tensors = load_file(path)
-    fn(tensors)
-    save_file(tensors, path, metadata={"format": "pt"})
-
-
 def edit_manifest(out, fn):
-    path = os.path.join(out, "manifest.json")
-    with open(path) as f:
-        m = json.load(f)
-    fn(m)
-    with open(path, "w") as f:
-        json.dump(m, f)
-    return path
+    return edit_json(os.path.join(out, "manifest.json"), fn)
 
 
 def test_load_errors_name_the_file_and_tensor(saved, tmp_path):
     out, shard = saved
-    edit_file(shard, lambda t: t.pop("layers.0.mixer.in_proj.qweight"))
+    edit_safetensors(shard, lambda t: t.pop("layers.0.mixer.in_proj.qweight"))
     with pytest.raises(PreparedError, match=f"{shard}: missing tensor 'layers.0.mixer.in_proj.qweight'"):
         load_prepared(out)
-    edit_file(shard, lambda t: t.update({"layers.0.mixer.in_proj.qweight": torch.zeros(1, 2, 16, dtype=torch.int32)}))
+    edit_safetensors(shard, lambda t: t.update({"layers.0.mixer.in_proj.qweight": torch.zeros(1, 2, 16, dtype=torch.int32)}))
     with pytest.raises(PreparedError, match=rf"{shard}: tensor 'layers.0.mixer.in_proj.qweight' is I32 \[1, 2, 16\], "
                                             r"expected I32 \[1, \d+, 16\]"):
         load_prepared(out)
-    edit_file(shard, lambda t: t.update({"layers.0.mixer.in_proj.qweight": torch.zeros(1, 2, 16),
+    edit_safetensors(shard, lambda t: t.update({"layers.0.mixer.in_proj.qweight": torch.zeros(1, 2, 16),
                                          "norm": t["norm"].float()}))
     with pytest.raises(PreparedError, match=rf"{shard}: tensor '(norm|layers.0.mixer.in_proj.qweight)' is F32"):
         load_prepared(out)
-    edit_file(shard, lambda t: t.update({"layers.0.extra": torch.zeros(2)}))
+    edit_safetensors(shard, lambda t: t.update({"layers.0.extra": torch.zeros(2)}))
     with pytest.raises(PreparedError, match=f"{shard}: unexpected tensor 'layers.0.extra'"):
         load_prepared(out)
     os.remove(shard)
@@ -297,10 +284,10 @@ def test_prepare_errors_name_the_file_and_tensor(checkpoints, ckpt):
         prepare(ckpt, "cpu", body="int8", progress=QUIET)
     path = os.path.join(ckpt, "model.safetensors")
     key = "model.language_model.layers.0.linear_attn.dt_bias"
-    edit_file(path, lambda t: t.update({key: t[key].to(torch.int32)}))
+    edit_safetensors(path, lambda t: t.update({key: t[key].to(torch.int32)}))
     with pytest.raises(CheckpointError, match=f"{path}: tensor '{key}' has dtype I32"):
         prepare(ckpt, "cpu", progress=QUIET)
-    edit_file(path, lambda t: t.update({key: t[key].float()}))
+    edit_safetensors(path, lambda t: t.update({key: t[key].float()}))
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 1000)
     with pytest.raises(CheckpointError, match=path):
@@ -309,7 +296,7 @@ def test_prepare_errors_name_the_file_and_tensor(checkpoints, ckpt):
 
 def test_no_mtp(ckpt):
     assert prepare(ckpt, "cpu", progress=QUIET, with_mtp=False).mtp is None
-    edit_file(os.path.join(ckpt, "model.safetensors"), lambda t: [t.pop(k) for k in list(t) if k.startswith("mtp.")])
+    edit_safetensors(os.path.join(ckpt, "model.safetensors"), lambda t: [t.pop(k) for k in list(t) if k.startswith("mtp.")])
     with pytest.warns(UserWarning, match="no mtp"):
         assert prepare(ckpt, "cpu", progress=QUIET).mtp is None
 
