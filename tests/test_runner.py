@@ -7,6 +7,8 @@ on the same (bf16-rounded) weights and the same dequantised int8 embedding and l
 logits within 4 % relative (2-norm, per row) with bf16 KV, where a bf16 run of the reference itself is off by
 2–18 %; fp8 KV (scale 1) adds its rounding. Paths that do the same arithmetic in another grouping (chunk sizes, a
 batch of two) agree to 2 %; a padding row changes nothing, bitwise."""
+import os
+
 import pytest
 import torch
 
@@ -14,11 +16,48 @@ from engine.generate import Generator
 from engine.sampling import SamplingParams
 from graphs.runner import ModelRunner
 from layers.checkpoint import load_model
-from layers.prepared import prepare
-from layers.quant import dequantize_int8
+from layers.prepared import attention_columns, gdn_in_proj_columns, mlp_columns, prepare
+from layers.quant import dequantize_int4, dequantize_int8
 from tests.fixtures import CONFIGS, make_tiny_checkpoint, rel_err
 
 CONFIG = "vl-untied"
+DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "demo")
+
+
+def dequantised_reference(model_dir, prepared):
+    """The fp32 plain-torch model with every linear the prepared model's, dequantised and unfused."""
+    model, cfg = load_model(model_dir, dtype=torch.float32), prepared.cfg
+
+    def put(module, w, cols=None):
+        full = dequantize_int4(w) if prepared.body == "int4" else w.float()
+        for name, where in (cols or {None: slice(None)}).items():
+            target = module if name is None else getattr(module, name)
+            target.weight.copy_(full[where])
+
+    def layer(mod, w):
+        if hasattr(mod, "linear_attn"):
+            c = gdn_in_proj_columns(cfg)
+            put(mod.linear_attn, w.mixer.in_proj, {"in_proj_qkv": slice(c["q"].start, c["v"].stop),
+                                                   "in_proj_z": c["z"], "in_proj_b": c["b"], "in_proj_a": c["a"]})
+            put(mod.linear_attn.out_proj, w.mixer.out_proj)
+        else:
+            c = attention_columns(cfg)
+            put(mod.self_attn, w.mixer.qkv_gate, {"q_proj": c["query_gate"], "k_proj": c["k"], "v_proj": c["v"]})
+            put(mod.self_attn.o_proj, w.mixer.o_proj)
+        c = mlp_columns(cfg)
+        put(mod.mlp, w.mlp.gate_up, {"gate_proj": c["gate"], "up_proj": c["up"]})
+        put(mod.mlp.down_proj, w.mlp.down)
+
+    with torch.no_grad():
+        for mod, w in zip(model.layers, prepared.layers):
+            layer(mod, w)
+        if prepared.mtp is not None:
+            layer(model.mtp.layers[0], prepared.mtp.layer)
+            put(model.mtp.fc, prepared.mtp.fc)
+        model.embed_tokens.weight.copy_(dequantize_int8(prepared.embed))
+        if not cfg.tie_word_embeddings:
+            model.lm_head.weight.copy_(dequantize_int8(prepared.lm_head))
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +65,7 @@ def tiny(tmp_path_factory):
     """(prepared bf16 body, the fp32 reference on the same weights, 16 token ids)."""
     model_dir = make_tiny_checkpoint(str(tmp_path_factory.mktemp("runner")), **CONFIGS[CONFIG])
     prepared = prepare(model_dir, "cpu", body="bf16", progress=lambda *a: None)
-    ref = load_model(model_dir, dtype=torch.bfloat16).float()
-    with torch.no_grad():
-        ref.embed_tokens.weight.copy_(dequantize_int8(prepared.embed))
-        if not ref.cfg.tie_word_embeddings:
-            ref.lm_head.weight.copy_(dequantize_int8(prepared.lm_head))
+    ref = dequantised_reference(model_dir, prepared)
     ids = torch.randint(0, 256, (16,), generator=torch.Generator().manual_seed(1)).tolist()
     return prepared, ref, ids
 
@@ -62,6 +97,7 @@ def test_logits_match_reference(tiny, kv, tol):
     assert max(errs) < tol, errs
 
 
+@pytest.mark.slow
 def test_chunked_prefill_equals_one_pass(tiny):
     prepared, _, ids = tiny
     ids = ids[:13]
@@ -110,6 +146,7 @@ def greedy(r, slot, prompt, n):
     return out[:n], accepted
 
 
+@pytest.mark.slow
 def test_mtp_greedy_equals_plain_and_generate(tiny):
     """k = 2 gives k = 0's tokens exactly (the same kernels verify them); engine/generate.py's fp32 greedy output is
     the same until a near-tie that bf16 activations decide otherwise, so against the reference each runner token
@@ -127,3 +164,38 @@ def test_mtp_greedy_equals_plain_and_generate(tiny):
     spread = logits.max(-1).values - logits.min(-1).values
     assert (gap <= 0.01 * spread).all(), (same, gap.tolist())
     assert same >= 6, (plain, want)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    prepared = prepare(DEMO, "cpu", body="int4", progress=lambda *a: None)
+    return prepared, dequantised_reference(DEMO, prepared)
+
+
+DEMO_PROMPT = [547, 1143, 868, 16, 309, 295, 263, 388, 320, 487, 309, 941, 547, 922, 868, 16, 309, 295, 263, 388]
+# "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return" in the demo's tokenizer
+
+
+@pytest.mark.slow
+def test_demo_int4_logits_match_reference(demo):
+    """The demo model (int4 body, its fused in_proj padded to 1040 columns) against the fp32 model on the
+    dequantised weights: prefill and two decodes."""
+    prepared, ref = demo
+    ids = DEMO_PROMPT[:10]
+    with torch.no_grad():
+        want = ref.logits(ref(torch.tensor([ids])))[0, 7:]
+    got = teacher_forced(ModelRunner(prepared, 1, 32, max_prefill=8, kv_dtype=torch.bfloat16), 0, ids + [0], 8)
+    errs = [rel_err(g, w) for g, w in zip(got, want)]
+    assert max(errs) < 0.05, errs
+
+
+@pytest.mark.slow
+def test_demo_mtp_accepts_and_equals_plain(demo):
+    """A trained MTP head: drafts are accepted, k = 2 still emits k = 0's greedy tokens, and they are
+    engine/generate.py's on the dequantised fp32 model (the demo's predictions are far from ties)."""
+    prepared, ref = demo
+    make = lambda k: ModelRunner(prepared, 1, 32, spec_k=k, max_prefill=20, kv_dtype=torch.bfloat16)  # noqa: E731
+    drafted, accepted = greedy(make(2), 0, DEMO_PROMPT, 7)
+    plain, _ = greedy(make(0), 0, DEMO_PROMPT, 7)
+    assert drafted == plain and accepted >= 2, (drafted, plain, accepted)
+    assert plain == Generator(ref).generate(DEMO_PROMPT, 7, SamplingParams(temperature=0.0), spec_k=2).token_ids
