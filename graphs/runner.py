@@ -6,6 +6,7 @@ passes, `prefill`, `decode` and `step` the entry points.
     runner.set_sampling(slot, temperature, top_k, top_p)        # once per request (greedy by default)
     runner.prefill(slot, ids, start, last)                      # one chunk of a prompt; last: samples its first token
     ids, n = runner.step(slots)                                 # one MTP-k round over B rows (slot -1: padding)
+                                                                # = run_step(set_rows(slots)): device part apart
     logits = runner.decode(slots, tokens)                       # teacher forcing: one given token per row
 
 A step (ENGINE.md §1, engine/generate.py's round) for B rows, all on the device, nothing read back:
@@ -290,6 +291,11 @@ class ModelRunner:
         b.rows_long[:B].copy_(b.rows[:B])
         return B, b.rows_long[:B]
 
+    def set_seed(self, seed: int):
+        """The sampler's Philox seed; its counter restarts."""
+        self.buf.seed.fill_(seed)
+        self.buf.offset.zero_()
+
     @torch.no_grad()
     def decode(self, slots: list, tokens: list):
         """Teacher forcing: row i runs tokens[i] at its sequence's next position and commits it (slot -1:
@@ -316,8 +322,19 @@ class ModelRunner:
     def step(self, slots: list):
         """One MTP-k round (module docstring) over B rows (slot -1: padding). Returns (ids [B, k+1] int32: the
         emitted tokens then −1, counts [B] int32), device views valid until the next step."""
-        B, rows = self._fill_rows(slots)
+        return self.run_step(self.set_rows(slots))
+
+    def set_rows(self, slots: list) -> int:
+        """The host's part of a step: the rows' slots into buf.rows (slot -1: padding). Returns B."""
+        return self._fill_rows(slots)[0]
+
+    @torch.no_grad()
+    def run_step(self, B: int):
+        """The device's part of a step over buf.rows[:B] (what a bucket's CUDA graph captures): fixed shapes for
+        B, inputs read from the runner's buffers, nothing allocated by the kernels, nothing read back."""
         b, k = self.buf, self.k
+        rows = b.rows_long[:B]
+        rows.copy_(b.rows[:B])
         T = k + 1
         torch.index_select(b.seq_len, 0, rows, out=b.row_len[:B])
         torch.index_select(b.emitted, 0, rows, out=b.row_emitted[:B])

@@ -1,12 +1,13 @@
-"""graphs/runner.py on a tiny checkpoint (body="bf16") in Triton's interpreter: teacher-forced logits against the
-plain-torch model on the same weights, chunked prefill, slots and padding rows that leave other sequences alone,
-and MTP-k greedy output equal to k = 0 and to engine/generate.py.
+"""graphs/runner.py in Triton's interpreter, against the plain-torch model (layers/model.py) in fp32 on exactly the
+prepared weights (dequantised_reference): a tiny checkpoint with a bf16 body and the demo model with an int4 body.
+Teacher-forced logits, chunked prefill, slots and padding rows that leave other sequences alone, and MTP-k greedy
+output equal to k = 0's and to engine/generate.py's.
 
-Tolerances: the runner keeps activations in bf16 between kernels (fp32 inside them); the reference runs in fp32
-on the same (bf16-rounded) weights and the same dequantised int8 embedding and lm_head. Measured on this config:
-logits within 4 % relative (2-norm, per row) with bf16 KV, where a bf16 run of the reference itself is off by
-2–18 %; fp8 KV (scale 1) adds its rounding. Paths that do the same arithmetic in another grouping (chunk sizes, a
-batch of two) agree to 2 %; a padding row changes nothing, bitwise."""
+Tolerances: the runner keeps activations in bf16 between kernels (fp32 inside them), the reference in fp32. The
+tiny random model amplifies rounding: per row 2–7 % relative (2-norm) with bf16 KV, fp8 KV (scale 1) adding
+< 1 %, where a bf16 run of the reference itself is off by up to 18 %; the trained demo model stays within 5 %.
+Paths that do the same arithmetic in another grouping (chunk sizes, a batch of two) agree to 2 %; a padding row
+changes nothing, bitwise. k = 2 and k = 0 emit the same greedy tokens (the same kernels verify them)."""
 import os
 
 import pytest
@@ -25,7 +26,8 @@ DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 
 def dequantised_reference(model_dir, prepared):
-    """The fp32 plain-torch model with every linear the prepared model's, dequantised and unfused."""
+    """The fp32 plain-torch model on exactly the prepared model's weights: linears dequantised and unfused, the
+    int8 embedding and lm_head dequantised, norms, conv, A_log and dt_bias as prepared."""
     model, cfg = load_model(model_dir, dtype=torch.float32), prepared.cfg
 
     def put(module, w, cols=None):
@@ -35,15 +37,24 @@ def dequantised_reference(model_dir, prepared):
             target.weight.copy_(full[where])
 
     def layer(mod, w):
+        mod.input_layernorm.weight.copy_(w.input_norm)
+        mod.post_attention_layernorm.weight.copy_(w.post_norm)
+        m = w.mixer
         if hasattr(mod, "linear_attn"):
-            c = gdn_in_proj_columns(cfg)
-            put(mod.linear_attn, w.mixer.in_proj, {"in_proj_qkv": slice(c["q"].start, c["v"].stop),
-                                                   "in_proj_z": c["z"], "in_proj_b": c["b"], "in_proj_a": c["a"]})
-            put(mod.linear_attn.out_proj, w.mixer.out_proj)
+            g, c = mod.linear_attn, gdn_in_proj_columns(cfg)
+            put(g, m.in_proj, {"in_proj_qkv": slice(c["q"].start, c["v"].stop), "in_proj_z": c["z"],
+                               "in_proj_b": c["b"], "in_proj_a": c["a"]})
+            put(g.out_proj, m.out_proj)
+            g.conv1d.weight[:, 0].copy_(m.conv_weight)
+            g.A_log.copy_(m.A_log)
+            g.dt_bias.copy_(m.dt_bias)
+            g.norm.weight.copy_(m.norm)
         else:
-            c = attention_columns(cfg)
-            put(mod.self_attn, w.mixer.qkv_gate, {"q_proj": c["query_gate"], "k_proj": c["k"], "v_proj": c["v"]})
-            put(mod.self_attn.o_proj, w.mixer.o_proj)
+            a, c = mod.self_attn, attention_columns(cfg)
+            put(a, m.qkv_gate, {"q_proj": c["query_gate"], "k_proj": c["k"], "v_proj": c["v"]})
+            put(a.o_proj, m.o_proj)
+            a.q_norm.weight.copy_(m.q_norm)
+            a.k_norm.weight.copy_(m.k_norm)
         c = mlp_columns(cfg)
         put(mod.mlp, w.mlp.gate_up, {"gate_proj": c["gate"], "up_proj": c["up"]})
         put(mod.mlp.down_proj, w.mlp.down)
@@ -51,9 +62,13 @@ def dequantised_reference(model_dir, prepared):
     with torch.no_grad():
         for mod, w in zip(model.layers, prepared.layers):
             layer(mod, w)
+        model.norm.weight.copy_(prepared.norm)
         if prepared.mtp is not None:
-            layer(model.mtp.layers[0], prepared.mtp.layer)
-            put(model.mtp.fc, prepared.mtp.fc)
+            mtp, w = model.mtp, prepared.mtp
+            layer(mtp.layers[0], w.layer)
+            put(mtp.fc, w.fc)
+            for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+                getattr(mtp, name).weight.copy_(getattr(w, name))
         model.embed_tokens.weight.copy_(dequantize_int8(prepared.embed))
         if not cfg.tie_word_embeddings:
             model.lm_head.weight.copy_(dequantize_int8(prepared.lm_head))
@@ -86,7 +101,7 @@ def teacher_forced(r, slot, ids, n_prompt, chunks=None):
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("kv, tol", [(torch.bfloat16, 0.08), (torch.uint8, 0.12)], ids=["bf16-kv", "fp8-kv"])
+@pytest.mark.parametrize("kv, tol", [(torch.bfloat16, 0.1), (torch.uint8, 0.12)], ids=["bf16-kv", "fp8-kv"])
 def test_logits_match_reference(tiny, kv, tol):
     prepared, ref, ids = tiny
     ids = ids[:11]
