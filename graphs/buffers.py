@@ -39,8 +39,7 @@ class Buffers:
         i32 = dict(dtype=torch.int32, device=device)
         f32 = dict(dtype=torch.float32, device=device)
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                          cfg.linear_value_head_dim)
+        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         C, K, I = cfg.linear_conv_dim, cfg.linear_conv_kernel_dim, cfg.intermediate_size
         fp8 = kv_dtype == torch.uint8
 
@@ -56,6 +55,7 @@ class Buffers:
             else:
                 self.layers.append((state_pool(S * T, hv, dk, dv, torch.float16, device),
                                     torch.zeros(S, C, K - 1 + k, **bf)))
+        self.conv_windows = [cache[1] for cache in self.layers if len(cache) == 2]
         self.mtp_kv = kv() if k else None
 
         # per-slot tables

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from graphs.buffers import Buffers
-from kernels.attention import prefill_attention, verify_attention, choose_nseg
+from kernels.attention import choose_nseg, prefill_attention, verify_attention
 from kernels.gdn import causal_conv1d, gdn_prefill, gdn_verify
 from kernels.int4 import int4_linear
 from kernels.int8 import int8_embedding, int8_linear
@@ -58,13 +58,14 @@ def width(w) -> int:
 
 def aligned(obj):
     """obj (weights dataclasses, recursively) with each int4 linear whose output count is not a multiple of
-    OUT_ALIGN padded with zero columns (scale 0), e.g. a GDN in_proj [q|k|v|z|b|a] with an odd 2·Hv (the demo
-    model's 12); the others are the same objects."""
+    OUT_ALIGN padded with zero columns (scale 0), e.g. a GDN in_proj [q|k|v|z|b|a] whose 2·Hv columns b|a
+    leave it unaligned (the demo model's 1036); the others are the same objects."""
     if isinstance(obj, Int4Weight):
         pad = -obj.n % OUT_ALIGN
         if not pad:
             return obj
-        widen = lambda t: None if t is None else torch.cat([t, t.new_zeros(t.shape[0], pad, *t.shape[2:])], 1)  # noqa: E731
+        def widen(t):
+            return None if t is None else torch.cat([t, t.new_zeros(t.shape[0], pad, *t.shape[2:])], 1)
         return Int4Weight(widen(obj.qweight), widen(obj.scales), widen(obj.zs), obj.group)
     if isinstance(obj, list):
         return [aligned(o) for o in obj]
@@ -112,6 +113,7 @@ class ModelRunner:
         self.max_seqs, self.max_len, self.max_prefill = max_seqs, max_len, max_prefill
         self.buf = Buffers(self.cfg, max_seqs, max_len, spec_k, max_prefill, kv_dtype, self.device)
         self.num_sms = gpu.num_sms(self.device)
+        self.ready = [False] * max_seqs               # per slot: its prompt's last chunk ran (it steps)
 
     # ------------------------------------------------------------------------------------------ one layer
     def _layer(self, w, cache, p: Pass, first: bool):
@@ -190,7 +192,7 @@ class ModelRunner:
     def _mtp(self, p: Pass, ids, hidden, out):
         """The MTP module (MODEL.md §5) over p's rows: token ids [M] (each row's next token), hiddens [M, H] ->
         normed output into out [M, H]; writes the MTP layer's own KV."""
-        b, m, eps, M, H = self.buf, self.w.mtp, self.cfg.rms_norm_eps, p.M, self.cfg.hidden_size
+        b, m, eps, M = self.buf, self.w.mtp, self.cfg.rms_norm_eps, p.M
         int8_embedding(ids, self.w.embed, out=b.emb[:M])
         add_rmsnorm(b.emb[:M], None, m.pre_fc_norm_embedding, eps, y=b.e_norm[:M])
         add_rmsnorm(hidden, None, m.pre_fc_norm_hidden, eps, y=b.h_norm[:M])
@@ -208,6 +210,7 @@ class ModelRunner:
             torch.arange(start, start + M, out=pos)
         else:
             torch.add(start.view(-1, 1), b.arange_T[:T].view(1, T), out=pos.view(p_rows, T))
+            pos.clamp_(0, b.cap - 1)                  # a padding row's (its MTP start is 0 − 1)
         torch.index_select(b.cos_table, 0, pos, out=b.cos[:M])
         torch.index_select(b.sin_table, 0, pos, out=b.sin[:M])
         return b.cos[:M], b.sin[:M]
@@ -236,8 +239,9 @@ class ModelRunner:
 
     @torch.no_grad()
     def prefill(self, slot: int, token_ids: list, start: int, last: bool = False, next_id: int = None):
-        """Prompt tokens start … start+L−1 of the sequence in `slot` (start = 0: a new sequence; the caches hold
-        the first `start` already). Returns the last row's logits [V] (fp32, a view). last: the prompt's last
+        """Prompt tokens start … start+L−1 of the sequence in `slot` (start = 0: a new sequence; else the caches
+        hold exactly the first `start` tokens: an earlier chunk, or a finished turn whose pending token was not
+        committed — a follow-up turn continues from the state its last round accepted). Returns the last row's logits [V] (fp32, a view). last: the prompt's last
         chunk: its first token is sampled into the slot's tables (returned too: a [1] device tensor) and the
         sequence is ready to step. next_id: the prompt token after the chunk (not last; k > 0: the MTP's input)."""
         self._check_slot(slot)
@@ -248,17 +252,24 @@ class ModelRunner:
             raise ValueError(f"prefill to {start + L} tokens leaves no room for a round in max_len {self.max_len}")
         if k and not last and next_id is None:
             raise ValueError("prefill: next_id (the token after the chunk) is needed for the MTP unless last")
+        base = slot * (k + 1)
+        if start == 0:                                # a new sequence: zero state (initial slot -1), zero history
+            b.prefill_slots[0] = -1
+            b.num_acc[slot] = k + 1
+            for conv in b.conv_windows:
+                conv[slot].zero_()
+        else:                                         # the state the last round accepted into, slot num_acc − 1
+            torch.add(b.num_acc[slot:slot + 1], base - 1, out=b.prefill_slots[:1])
+            if k and self.ready[slot]:            # a follow-up turn (not the next chunk of a prompt)
+                self._mtp_catch_up(slot, token_ids[0])
+        self.ready[slot] = last
+        b.prefill_slots[1] = base + k
         b.ids[:L].copy_(torch.tensor(token_ids, dtype=torch.int32))
         b.prefill_row.fill_(slot)
         b.prefill_len.fill_(start + L)
-        final = slot * (k + 1) + k
-        b.prefill_slots.copy_(torch.tensor([final if start else -1, final], dtype=torch.int32))
-        if start == 0:
-            for cache in b.layers:
-                if len(cache) == 2:
-                    cache[1][slot].zero_()          # the conv window: zero history
         cos, sin = self._rope(1, L, start)
-        p = Pass(1, L, b.prefill_row, b.prefill_len, cos, sin, gdn_slots=b.prefill_slots)
+        p = Pass(1, L, b.prefill_row, b.prefill_len, cos, sin, num_acc=b.num_acc[slot:slot + 1],
+                 gdn_slots=b.prefill_slots)
         hidden = self._target(p, b.ids[:L])
         logits = int8_linear(hidden[L - 1:], self.w.lm_head, out=b.logits[:1])[0]
         b.seq_len[slot] = start + L
@@ -278,6 +289,19 @@ class ModelRunner:
         token, _ = sample(b.logits[:1], params, b.seed, b.offset, b.sampler)
         b.last_ids[slot, 0] = token[0]
         return logits, token
+
+    def _mtp_catch_up(self, slot: int, next_id: int):
+        """Before a follow-up turn's prefill: the MTP rows of the sequence's last round (positions L − emitted …
+        L − 1, which the next step's drafting would have written), the pending token's id replaced by the
+        prompt's token at L."""
+        b, T = self.buf, self.k + 1
+        B, rows = self._fill_rows([slot])
+        start = b.mtp_start[:1]
+        torch.sub(b.seq_len[slot:slot + 1], b.emitted[slot:slot + 1], out=start)
+        ids = b.mtp_ids[0]
+        ids.copy_(b.last_ids[slot])
+        ids.index_fill_(0, (b.emitted[slot:slot + 1] - 1).long(), next_id)
+        self._mtp(self._row_pass(1, T, start), ids, b.hidden[slot], b.y_mtp[:T])
 
     def _fill_rows(self, slots):
         b, S = self.buf, self.max_seqs

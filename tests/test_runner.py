@@ -161,16 +161,32 @@ def greedy(r, slot, prompt, n):
     return out[:n], accepted
 
 
+def batched(r, prompts, n):
+    """n greedy tokens for each {slot: prompt}, decoded together with a padding row, the row order reversed
+    every step (each sequence's state lives in its slot, not its row)."""
+    out = {}
+    for slot, prompt in prompts.items():
+        out[slot] = [int(r.prefill(slot, prompt, 0, last=True)[1][0])]
+    order = list(prompts) + [-1]
+    while min(len(t) for t in out.values()) < n:
+        ids, count = r.step(order)
+        for row, slot in enumerate(order):
+            if slot >= 0:
+                out[slot] += ids[row, :int(count[row])].tolist()
+        order = order[::-1]
+    return {slot: t[:n] for slot, t in out.items()}
+
+
 @pytest.mark.slow
 def test_mtp_greedy_equals_plain_and_generate(tiny):
-    """k = 2 gives k = 0's tokens exactly (the same kernels verify them); engine/generate.py's fp32 greedy output is
+    """k = 2 gives k = 0's tokens exactly (the same kernels verify them), alone or batched with another sequence
+    and a padding row; engine/generate.py's fp32 greedy output is
     the same until a near-tie that bf16 activations decide otherwise, so against the reference each runner token
     must be the argmax of the reference's logits on the runner's own context, or within 1 % of its spread."""
     prepared, ref, ids = tiny
-    prompt = ids[:8]
+    prompt, other = ids[:8], ids[8:13]
     plain, _ = greedy(runner(prepared, k=0), 1, prompt, 12)
-    drafted, _ = greedy(runner(prepared, k=2), 1, prompt, 12)
-    assert drafted == plain
+    assert batched(runner(prepared, k=2, seqs=3), {2: prompt, 0: other}, 12)[2] == plain
     want = Generator(ref).generate(prompt, 12, SamplingParams(temperature=0.0), spec_k=2).token_ids
     same = next((i for i, (a, b) in enumerate(zip(plain, want)) if a != b), len(plain))
     with torch.no_grad():
@@ -214,3 +230,26 @@ def test_demo_mtp_accepts_and_equals_plain(demo):
     plain, _ = greedy(make(0), 0, DEMO_PROMPT, 7)
     assert drafted == plain and accepted >= 2, (drafted, plain, accepted)
     assert plain == Generator(ref).generate(DEMO_PROMPT, 7, SamplingParams(temperature=0.0), spec_k=2).token_ids
+
+
+@pytest.mark.slow
+def test_follow_up_turn_continues_the_caches(tiny):
+    """A second turn prefilled from num_cached (after MTP-k steps) gives the logits, MTP KV and next tokens of
+    the whole context prefilled at once."""
+    prepared, _, ids = tiny
+    r = runner(prepared, k=2)
+    out = [int(r.prefill(0, ids[:6], 0, last=True)[1][0])]
+    for _ in range(2):
+        emitted, count = r.step([0])
+        out += emitted[0, :int(count[0])].tolist()
+    cached = int(r.buf.seq_len[0])
+    assert cached == 6 + len(out) - 1
+    context = ids[:6] + out + ids[6:9]
+    follow, first = r.prefill(0, context[cached:], cached, last=True)
+    fresh_runner = runner(prepared, k=2)
+    fresh, fresh_first = fresh_runner.prefill(0, context, 0, last=True)
+    assert rel_err(follow, fresh) < 0.02 and int(first[0]) == int(fresh_first[0])
+    n = len(context) - 1                          # MTP rows written by the prefill (the last: by the next step)
+    for mine, theirs in zip(r.buf.mtp_kv[:2], fresh_runner.buf.mtp_kv[:2]):
+        assert rel_err(mine[0, :, :n], theirs[0, :, :n]) < 0.03
+    assert r.step([0])[0].tolist() == fresh_runner.step([0])[0].tolist()
