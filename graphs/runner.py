@@ -1,0 +1,415 @@
+"""The model runner: a PreparedModel (layers/prepared.py) executed on kernels/, owning every static buffer
+(graphs/buffers.py). Read top to bottom: `_layer` lists one decoder layer's launches, `_target` and `_mtp` the
+passes, `prefill`, `decode` and `step` the entry points.
+
+    runner = ModelRunner(prepared, max_seqs, max_len, spec_k=k, max_prefill=chunk)
+    runner.set_sampling(slot, temperature, top_k, top_p)        # once per request (greedy by default)
+    runner.prefill(slot, ids, start, last)                      # one chunk of a prompt; last: samples its first token
+    ids, n = runner.step(slots)                                 # one MTP-k round over B rows (slot -1: padding)
+                                                                # = run_step(set_rows(slots)): device part apart
+    logits = runner.decode(slots, tokens)                       # teacher forcing: one given token per row
+
+A step (ENGINE.md §1, engine/generate.py's round) for B rows, all on the device, nothing read back:
+  draft   k > 0: the MTP re-runs the last round's k+1 rows of each sequence (its emitted ids, the verify hiddens;
+          rows past the accepted ones are padding whose KV later rows overwrite), takes the row of the last emitted
+          token, samples d1 from the lm_head, then k − 1 chained one-row passes (kernels.sampler.sample_drafts);
+  verify  the target runs [t0, d1 … dk] at positions L … L+k from each sequence's GDN slots, keeping the state
+          after every token (gdn_verify, the k+1 slots), writing K/V and widening the conv windows;
+  sample  rejection_sample (k = 0: sample) -> ids [B, k+1] (emitted, then −1) and counts [B] = accepted + 1;
+  commit  seq_len += count; num_accepted := count (the slot the next verify reads); the emitted ids and hiddens are
+          kept per slot for the next step's drafting.
+Every launch has fixed shapes for a bucket B, reads its per-step inputs from preallocated device buffers (the
+host writes only `rows`, the slots) and allocates nothing; the step is written to be captured as one CUDA graph
+per bucket (warm-up first: launch configs are resolved on the first call). Prefill is eager: one chunk of one
+sequence at a time (chunked GDN prefill carrying the state chunk to chunk in the sequence's slot k).
+
+Linears: int4 (kernels.int4.int4_linear) or, for a body="bf16" model, torch.mm into the output buffer. The
+lm_head and embedding are int8. Logits are fp32."""
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from graphs.buffers import Buffers
+from kernels.attention import choose_nseg, prefill_attention, verify_attention
+from kernels.gdn import causal_conv1d, gdn_prefill, gdn_verify
+from kernels.int4 import int4_linear
+from kernels.int8 import int8_embedding, int8_linear
+from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
+from kernels.sampler import SamplingTensors, rejection_sample, sample, sample_drafts
+from kernels import device as gpu
+from layers.prepared import AttentionWeights, PreparedModel
+from layers.quant import Int4Weight
+
+OUT_ALIGN = 8           # int4 linears' output columns: a multiple of this for every variant (mma, wgmma_ws)
+
+
+def linear(x, w, out):
+    """out = x @ wᵀ: int4 weights on the kernel, a bf16 weight (body="bf16") by torch."""
+    if isinstance(w, torch.Tensor):
+        return torch.mm(x, w.t(), out=out)
+    return int4_linear(x, w, out=out)
+
+
+def width(w) -> int:
+    """Output columns of a linear (an int4 one's, padded)."""
+    return w.shape[0] if isinstance(w, torch.Tensor) else w.n
+
+
+def aligned(obj):
+    """obj (weights dataclasses, recursively) with each int4 linear whose output count is not a multiple of
+    OUT_ALIGN padded with zero columns (scale 0), e.g. a GDN in_proj [q|k|v|z|b|a] whose 2·Hv columns b|a
+    leave it unaligned (the demo model's 1036); the others are the same objects."""
+    if isinstance(obj, Int4Weight):
+        pad = -obj.n % OUT_ALIGN
+        if not pad:
+            return obj
+        def widen(t):
+            return None if t is None else torch.cat([t, t.new_zeros(t.shape[0], pad, *t.shape[2:])], 1)
+        return Int4Weight(widen(obj.qweight), widen(obj.scales), widen(obj.zs), obj.group)
+    if isinstance(obj, list):
+        return [aligned(o) for o in obj]
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.replace(obj, **{f.name: aligned(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                                           if f.name not in ("cfg", "body", "embed", "lm_head")})
+    return obj
+
+
+@dataclass
+class Pass:
+    """One forward pass: B rows of T tokens (a prefill: one row of T prompt tokens). Every tensor is a view of
+    the runner's buffers; rows [B] slot ids (S: padding), kv_lens [B] tokens cached after the pass, cos / sin
+    [B·T, rd]; verify passes: state_slots [B, T] and num_acc [B]; prefill: gdn_slots [2] (initial, final)."""
+    B: int
+    T: int
+    rows: torch.Tensor
+    kv_lens: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    state_slots: torch.Tensor = None
+    num_acc: torch.Tensor = None
+    gdn_slots: torch.Tensor = None
+
+    @property
+    def M(self):
+        return self.B * self.T
+
+    @property
+    def prefill(self):
+        return self.gdn_slots is not None
+
+
+class ModelRunner:
+    def __init__(self, prepared: PreparedModel, max_seqs: int, max_len: int, spec_k: int = 0,
+                 max_prefill: int = 512, kv_dtype=torch.uint8, device=None):
+        """max_seqs sequences (slots) of up to max_len tokens, spec_k drafts a step (0: plain decoding; needs the
+        MTP weights), prompt chunks of up to max_prefill tokens; kv_dtype torch.uint8 (fp8 e4m3) or bf16."""
+        if spec_k and prepared.mtp is None:
+            raise ValueError("spec_k > 0 needs the MTP weights (prepare the checkpoint with its mtp.* tensors)")
+        if kv_dtype not in (torch.uint8, torch.bfloat16):
+            raise ValueError(f"kv_dtype must be torch.uint8 (fp8 e4m3) or torch.bfloat16, got {kv_dtype}")
+        self.w, self.cfg, self.k = aligned(prepared), prepared.cfg, spec_k
+        self.device = torch.device(device) if device is not None else prepared.norm.device
+        self.max_seqs, self.max_len, self.max_prefill = max_seqs, max_len, max_prefill
+        self.buf = Buffers(self.cfg, max_seqs, max_len, spec_k, max_prefill, kv_dtype, self.device)
+        self.num_sms = gpu.num_sms(self.device)
+        self.ready = [False] * max_seqs               # per slot: its prompt's last chunk ran (it steps)
+
+    # ------------------------------------------------------------------------------------------ one layer
+    def _layer(self, w, cache, p: Pass, first: bool):
+        """One decoder layer over p's M rows; the residual stream is buf.res, updated in place; the layer's
+        output increment is left in buf.delta (the next layer's add_rmsnorm adds it)."""
+        b, cfg, eps, M = self.buf, self.cfg, self.cfg.rms_norm_eps, p.M
+        res, y, delta = b.res[:M], b.y[:M], b.delta[:M]
+        if first:
+            add_rmsnorm(res, None, w.input_norm, eps, y=y)
+        else:
+            add_rmsnorm(delta, res, w.input_norm, eps, h=res, y=y)
+        mixer = w.mixer
+        if isinstance(mixer, AttentionWeights):
+            self._attention(mixer, cache, p, y, b.attn_out[:M])
+        else:
+            self._gdn(mixer, cache, p, y, b.attn_out[:M])
+        add_rmsnorm(b.attn_out[:M], res, w.post_norm, eps, h=res, y=y)
+        I = cfg.intermediate_size
+        gu = linear(y, w.mlp.gate_up, b.gate_up[:M])
+        silu_mul(gu[:, :I], gu[:, I:], y=b.act[:M])
+        linear(b.act[:M], w.mlp.down, delta)
+
+    def _gdn(self, w, cache, p: Pass, y, out):
+        cfg, b, M, B, T = self.cfg, self.buf, p.M, p.B, p.T
+        hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                          cfg.linear_value_head_dim)
+        pool, conv = cache
+        C = cfg.linear_conv_dim
+        z_end = C + hv * dv
+        proj = linear(y, w.in_proj, b.dense(b.proj, M, width(w.in_proj)))
+        mixed = b.mixed[:M].view(B, T, C)
+        causal_conv1d(proj[:, :C].view(B, T, C), w.conv_weight, conv, p.rows, num_accepted=p.num_acc, out=mixed)
+        q, k, v = (t.unflatten(-1, (-1, n)) for t, n in
+                   zip(mixed.split([hk * dk, hk * dk, hv * dv], -1), (dk, dk, dv)))
+        bb, a = (t.view(B, T, hv) for t in proj[:, z_end:z_end + 2 * hv].split(hv, -1))
+        o = b.dense(b.o, B, T, hv, dv)
+        if p.prefill:
+            gdn_prefill(q, k, v, a, bb, w.A_log, w.dt_bias, pool, p.gdn_slots[:1], p.gdn_slots[1:], out=o,
+                        workspace=b.gdn_workspace(T, hv, dk, dv))
+        else:
+            gdn_verify(q, k, v, a, bb, w.A_log, w.dt_bias, pool, p.state_slots, p.num_acc, out=o)
+        o = o.view(M, hv, dv)
+        gated_rmsnorm(o, proj[:, C:z_end].view(M, hv, dv), w.norm, cfg.rms_norm_eps, y=o)
+        linear(o.view(M, -1), w.out_proj, out)
+
+    def _attention(self, w, cache, p: Pass, y, out):
+        cfg, b, M, B, T = self.cfg, self.buf, p.M, p.B, p.T
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        kc, vc, ks, vs = cache
+        proj = linear(y, w.qkv_gate, b.dense(b.proj, M, width(w.qkv_gate)))
+        kv = proj[:, 2 * hq * d:2 * hq * d + 2 * hkv * d]
+        q, gate = b.q[:M], b.gate[:M]
+        qk_norm_rope(proj[:, :2 * hq * d], kv[:, :hkv * d], w.q_norm, w.k_norm, p.cos, p.sin, hq, hkv,
+                     cfg.rms_norm_eps, sigmoid_gate=True, q=q, k_out=b.k_out[:M], gate=gate, v=kv[:, hkv * d:],
+                     kv=(kc, vc, ks, vs, p.rows, p.kv_lens))
+        o = b.dense(b.o, B, T, hq, d)
+        if p.prefill:
+            prefill_attention(q.view(B, T, hq, d), kc, vc, ks, vs, p.rows, p.kv_lens, o)
+            o.mul_(gate.view(B, T, hq, d))
+        else:
+            nseg = min(choose_nseg(B, hkv, self.num_sms), b.nseg_max)
+            verify_attention(q.view(B, T, hq, d), kc, vc, ks, vs, p.rows, p.kv_lens, o, b.partials, nseg,
+                             gate=gate.view(B, T, hq, d), fresh=T)
+        linear(o.view(M, -1), w.o_proj, out)
+
+    # ------------------------------------------------------------------------------------------ passes
+    def _target(self, p: Pass, ids):
+        """The target model over p's rows with token ids [M] -> post-final-norm hiddens [M, H] (buf.out_hidden)."""
+        b, M = self.buf, p.M
+        int8_embedding(ids, self.w.embed, out=b.res[:M])
+        for i, (w, cache) in enumerate(zip(self.w.layers, b.layers)):
+            self._layer(w, cache, p, first=i == 0)
+        add_rmsnorm(b.delta[:M], b.res[:M], self.w.norm, self.cfg.rms_norm_eps, h=b.res[:M], y=b.out_hidden[:M])
+        return b.out_hidden[:M]
+
+    def _mtp(self, p: Pass, ids, hidden, out):
+        """The MTP module (MODEL.md §5) over p's rows: token ids [M] (each row's next token), hiddens [M, H] ->
+        normed output into out [M, H]; writes the MTP layer's own KV."""
+        b, m, eps, M = self.buf, self.w.mtp, self.cfg.rms_norm_eps, p.M
+        int8_embedding(ids, self.w.embed, out=b.emb[:M])
+        add_rmsnorm(b.emb[:M], None, m.pre_fc_norm_embedding, eps, y=b.e_norm[:M])
+        add_rmsnorm(hidden, None, m.pre_fc_norm_hidden, eps, y=b.h_norm[:M])
+        torch.cat([b.e_norm[:M], b.h_norm[:M]], 1, out=b.cat[:M])
+        linear(b.cat[:M], m.fc, b.res[:M])
+        self._layer(m.layer, b.mtp_kv, p, first=True)
+        add_rmsnorm(b.delta[:M], b.res[:M], m.norm, eps, h=b.res[:M], y=out)
+        return out
+
+    def _rope(self, p_rows: int, T: int, start):
+        """cos / sin of B rows × T tokens at positions start[b] + t (start: [B] device, or an int)."""
+        b, M = self.buf, p_rows * T
+        pos = b.positions[:M]
+        if isinstance(start, int):
+            torch.arange(start, start + M, out=pos)
+        else:
+            torch.add(start.view(-1, 1), b.arange_T[:T].view(1, T), out=pos.view(p_rows, T))
+            pos.clamp_(0, b.cap - 1)                  # a padding row's (its MTP start is 0 − 1)
+        torch.index_select(b.cos_table, 0, pos, out=b.cos[:M])
+        torch.index_select(b.sin_table, 0, pos, out=b.sin[:M])
+        return b.cos[:M], b.sin[:M]
+
+    def _row_pass(self, B, T, start, acc=None) -> Pass:
+        """A verify-shaped pass over buf.rows[:B], T tokens each from positions start [B] (device): kv_lens, rope,
+        GDN slots (T = 1: slot k, num_accepted k + 1; else slots 0 … T−1 and `acc`)."""
+        b, k = self.buf, self.k
+        torch.add(start, T, out=b.kv_lens[:B])
+        cos, sin = self._rope(B, T, start)
+        slots = b.dense(b.state_slots, B, T)
+        slots.copy_(b.rows[:B].view(B, 1).expand(B, T))
+        slots.mul_(k + 1)
+        slots.add_(b.arange_T[:T] if T > 1 else k)
+        return Pass(B, T, b.rows[:B], b.kv_lens[:B], cos, sin, slots, b.acc_last[:B] if acc is None else acc)
+
+    # ------------------------------------------------------------------------------------------ entry points
+    def set_sampling(self, slot: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+        """Sampling of the sequence in `slot` (temperature <= 0: greedy)."""
+        self._check_slot(slot)
+        self.buf.temperature[slot], self.buf.top_k[slot], self.buf.top_p[slot] = temperature, top_k, top_p
+
+    def _check_slot(self, slot):
+        if not 0 <= slot < self.max_seqs:
+            raise ValueError(f"slot {slot} is outside [0, {self.max_seqs})")
+
+    @torch.no_grad()
+    def prefill(self, slot: int, token_ids: list, start: int, last: bool = False, next_id: int = None):
+        """Prompt tokens start … start+L−1 of the sequence in `slot` (start = 0: a new sequence; else the caches
+        hold exactly the first `start` tokens: an earlier chunk, or a finished turn whose pending token was not
+        committed — a follow-up turn continues from the state its last round accepted). Returns the last row's logits [V] (fp32, a view). last: the prompt's last
+        chunk: its first token is sampled into the slot's tables (returned too: a [1] device tensor) and the
+        sequence is ready to step. next_id: the prompt token after the chunk (not last; k > 0: the MTP's input)."""
+        self._check_slot(slot)
+        b, k, L = self.buf, self.k, len(token_ids)
+        if not 1 <= L <= self.max_prefill:
+            raise ValueError(f"prefill chunk of {L} tokens; expected 1 … {self.max_prefill}")
+        if start + L + k + 1 > self.max_len:
+            raise ValueError(f"prefill to {start + L} tokens leaves no room for a round in max_len {self.max_len}")
+        if k and not last and next_id is None:
+            raise ValueError("prefill: next_id (the token after the chunk) is needed for the MTP unless last")
+        base = slot * (k + 1)
+        if start == 0:                                # a new sequence: zero state (initial slot -1), zero history
+            b.prefill_slots[0] = -1
+            b.num_acc[slot] = k + 1
+            for conv in b.conv_windows:
+                conv[slot].zero_()
+        else:                                         # the state the last round accepted into, slot num_acc − 1
+            torch.add(b.num_acc[slot:slot + 1], base - 1, out=b.prefill_slots[:1])
+            if k and self.ready[slot]:            # a follow-up turn (not the next chunk of a prompt)
+                self._mtp_catch_up(slot, token_ids[0])
+        self.ready[slot] = last
+        b.prefill_slots[1] = base + k
+        b.ids[:L].copy_(torch.tensor(token_ids, dtype=torch.int32))
+        b.prefill_row.fill_(slot)
+        b.prefill_len.fill_(start + L)
+        cos, sin = self._rope(1, L, start)
+        p = Pass(1, L, b.prefill_row, b.prefill_len, cos, sin, num_acc=b.num_acc[slot:slot + 1],
+                 gdn_slots=b.prefill_slots)
+        hidden = self._target(p, b.ids[:L])
+        logits = int8_linear(hidden[L - 1:], self.w.lm_head, out=b.logits[:1])[0]
+        b.seq_len[slot] = start + L
+        b.num_acc[slot] = k + 1
+        if k:                                        # MTP rows start … (the row of the last prompt token: step's)
+            n = L - 1 if last else L
+            if n:
+                b.ids[:n].copy_(torch.tensor((token_ids + [next_id])[1:n + 1], dtype=torch.int32))
+                b.prefill_len.fill_(start + n)
+                q = Pass(1, n, b.prefill_row, b.prefill_len, cos[:n], sin[:n], gdn_slots=b.prefill_slots)
+                self._mtp(q, b.ids[:n], hidden[:n], b.y_mtp[:n])
+        if not last:
+            return logits
+        b.emitted[slot] = 1
+        b.hidden[slot, 0] = hidden[L - 1]
+        params = SamplingTensors(b.temperature[slot:slot + 1], b.top_k[slot:slot + 1], b.top_p[slot:slot + 1])
+        token, _ = sample(b.logits[:1], params, b.seed, b.offset, b.sampler)
+        b.last_ids[slot, 0] = token[0]
+        return logits, token
+
+    def _mtp_catch_up(self, slot: int, next_id: int):
+        """Before a follow-up turn's prefill: the MTP rows of the sequence's last round (positions L − emitted …
+        L − 1, which the next step's drafting would have written), the pending token's id replaced by the
+        prompt's token at L."""
+        b, T = self.buf, self.k + 1
+        B, rows = self._fill_rows([slot])
+        start = b.mtp_start[:1]
+        torch.sub(b.seq_len[slot:slot + 1], b.emitted[slot:slot + 1], out=start)
+        ids = b.mtp_ids[0]
+        ids.copy_(b.last_ids[slot])
+        ids.index_fill_(0, (b.emitted[slot:slot + 1] - 1).long(), next_id)
+        self._mtp(self._row_pass(1, T, start), ids, b.hidden[slot], b.y_mtp[:T])
+
+    def _fill_rows(self, slots):
+        b, S = self.buf, self.max_seqs
+        B = len(slots)
+        if not 1 <= B <= S:
+            raise ValueError(f"{B} rows; expected 1 … {S}")
+        for s in slots:
+            if s != -1:
+                self._check_slot(s)
+        b.rows[:B].copy_(torch.tensor([S if s < 0 else s for s in slots], dtype=torch.int32))
+        b.rows_long[:B].copy_(b.rows[:B])
+        return B, b.rows_long[:B]
+
+    def set_seed(self, seed: int):
+        """The sampler's Philox seed; its counter restarts."""
+        self.buf.seed.fill_(seed)
+        self.buf.offset.zero_()
+
+    @torch.no_grad()
+    def decode(self, slots: list, tokens: list):
+        """Teacher forcing: row i runs tokens[i] at its sequence's next position and commits it (slot -1:
+        padding). Returns logits [B, V] (fp32, a view of the runner's buffer)."""
+        B, rows = self._fill_rows(slots)
+        b = self.buf
+        b.ids[:B].copy_(torch.tensor(tokens, dtype=torch.int32))
+        torch.index_select(b.seq_len, 0, rows, out=b.row_len[:B])
+        p = self._row_pass(B, 1, b.row_len[:B])
+        hidden = self._target(p, b.ids[:B])
+        logits = int8_linear(hidden, self.w.lm_head, out=b.logits[:B])
+        b.seq_len.index_copy_(0, rows, b.kv_lens[:B])
+        b.num_acc.index_fill_(0, rows, self.k + 1)
+        self._reset_padding()
+        return logits
+
+    def _reset_padding(self):
+        b, S = self.buf, self.max_seqs
+        b.seq_len[S:].zero_()
+        b.num_acc[S:].fill_(1)
+        b.emitted[S:].fill_(1)
+
+    @torch.no_grad()
+    def step(self, slots: list):
+        """One MTP-k round (module docstring) over B rows (slot -1: padding). Returns (ids [B, k+1] int32: the
+        emitted tokens then −1, counts [B] int32), device views valid until the next step."""
+        return self.run_step(self.set_rows(slots))
+
+    def set_rows(self, slots: list) -> int:
+        """The host's part of a step: the rows' slots into buf.rows (slot -1: padding). Returns B."""
+        return self._fill_rows(slots)[0]
+
+    @torch.no_grad()
+    def run_step(self, B: int):
+        """The device's part of a step over buf.rows[:B] (what a bucket's CUDA graph captures): fixed shapes for
+        B, inputs read from the runner's buffers, nothing allocated by the kernels, nothing read back."""
+        b, k = self.buf, self.k
+        rows = b.rows_long[:B]
+        rows.copy_(b.rows[:B])
+        T = k + 1
+        torch.index_select(b.seq_len, 0, rows, out=b.row_len[:B])
+        torch.index_select(b.emitted, 0, rows, out=b.row_emitted[:B])
+        params = SamplingTensors(torch.index_select(b.temperature, 0, rows, out=b.row_temperature[:B]),
+                                 torch.index_select(b.top_k, 0, rows, out=b.row_top_k[:B]),
+                                 torch.index_select(b.top_p, 0, rows, out=b.row_top_p[:B]))
+        idx = b.gather_idx[:B]                        # t0, each row's last emitted token: rows·T + emitted − 1
+        torch.mul(rows, T, out=idx)
+        idx.add_(b.row_emitted[:B]).sub_(1)
+        ids = b.ids[:B * T].view(B, T)
+        ids[:, 0] = torch.index_select(b.last_ids.view(-1), 0, idx, out=b.t0[:B])
+        if k:
+            self._draft(B, rows, params)
+            ids[:, 1:] = b.draft_ids[:B]
+        torch.index_select(b.num_acc, 0, rows, out=b.row_acc[:B])
+        p = self._row_pass(B, T, b.row_len[:B], acc=b.row_acc[:B])
+        hidden = self._target(p, b.ids[:B * T])
+        logits = int8_linear(hidden, self.w.lm_head, out=b.logits[:B * T]).view(B, T, -1)
+        if k:
+            out, count = rejection_sample(logits, b.draft_logits[:B], b.draft_ids[:B], params, b.seed, b.offset,
+                                          b.rejection, b.draft_desc[:B])
+        else:
+            out, count = b.out_ids[:B], b.num_emitted[:B]
+            sample(logits.view(B, -1), params, b.seed, b.offset, b.sampler, out=(out[:, 0], b.sampler.desc[:B]))
+        # commit
+        b.seq_len.index_copy_(0, rows, torch.add(b.row_len[:B], count, out=b.new_len[:B]))
+        b.num_acc.index_copy_(0, rows, count)
+        b.emitted.index_copy_(0, rows, count)
+        b.last_ids.index_copy_(0, rows, out)
+        b.hidden.index_copy_(0, rows, hidden.view(B, T, -1))
+        self._reset_padding()
+        return out, count
+
+    def _draft(self, B, rows, params):
+        """k drafts per row into buf.draft_ids / draft_logits / draft_desc (module docstring: draft)."""
+        b, k = self.buf, self.k
+        T = k + 1
+        start = b.mtp_start[:B]                       # the MTP re-runs the last round from L − emitted
+        torch.sub(b.row_len[:B], b.row_emitted[:B], out=start)
+        p = self._row_pass(B, T, start)
+        y = self._mtp(p, torch.index_select(b.last_ids, 0, rows, out=b.mtp_ids[:B]).view(-1),
+                      torch.index_select(b.hidden, 0, rows, out=b.mtp_hidden[:B]).view(B * T, -1), b.y_mtp[:B * T])
+        idx = b.gather_idx[:B]                        # the row of each sequence's last emitted token
+        torch.add(b.arange_rows[:B], b.row_emitted[:B], out=idx)
+        idx.sub_(1)
+        y_row = torch.index_select(y, 0, idx, out=b.y_row[:B])
+        for j in range(k):
+            int8_linear(y_row, self.w.lm_head, out=b.draft_logits[:B, j])
+            sample_drafts(b.draft_logits[:B, j], params, b.seed, b.offset, b.sampler,
+                          out=(b.draft_ids[:B, j], b.draft_desc[:B, j]))
+            if j + 1 < k:                             # the draft at position L + j, from the MTP's own output
+                b.draft_tok[:B].copy_(b.draft_ids[:B, j])
+                torch.add(b.row_len[:B], j, out=start)
+                self._mtp(self._row_pass(B, 1, start), b.draft_tok[:B], y_row, y_row)
