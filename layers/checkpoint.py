@@ -15,6 +15,7 @@ from layers.config import ModelConfig
 from layers.model import Qwen35Model
 
 FP32_TENSORS = ("linear_attn.A_log", "linear_attn.norm.weight")   # bf16 or fp32 in checkpoints; kept in fp32
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")                        # what load_model reads (safetensors' names)
 
 
 class CheckpointError(ValueError):
@@ -54,7 +55,7 @@ def shard_files(model_dir: str) -> list[str]:
 
 
 def read_headers(paths: list[str]) -> dict:
-    """name -> (file, checkpoint key, shape) for every tensor the model uses."""
+    """name -> (file, checkpoint key, shape, safetensors dtype name) for every tensor the model uses."""
     found = {}
     for path in paths:
         try:
@@ -65,7 +66,8 @@ def read_headers(paths: list[str]) -> dict:
                         continue
                     if name in found:
                         raise CheckpointError(f"{path}: tensor '{key}' also appears in {found[name][0]}")
-                    found[name] = (path, key, tuple(f.get_slice(key).get_shape()))
+                    s = f.get_slice(key)
+                    found[name] = (path, key, tuple(s.get_shape()), s.get_dtype())
         except SafetensorError as e:
             raise CheckpointError(f"{path}: unreadable safetensors file: {e}") from None
     return found
@@ -85,17 +87,18 @@ def _quantized(model_dir: str) -> str:
 def _check_tied_head(head, embed):
     """... unless the file's lm_head.weight differs from embed_tokens (an untied export left so): transformers then
     unties them; dropping the head would run another model without a word, so refuse."""
-    (head_path, head_key, _), (embed_path, embed_key, _) = head, embed or head
+    (head_path, head_key, *_), (embed_path, embed_key, *_) = head, embed or head
     with safe_open(head_path, framework="pt") as f, safe_open(embed_path, framework="pt") as g:
         if not torch.equal(f.get_tensor(head_key), g.get_tensor(embed_key)):
             raise CheckpointError(f"{head_path}: tensor '{head_key}' differs from '{embed_key}' but config.json sets "
                                   "tie_word_embeddings true (set it false to use this head)")
 
 
-def checked_headers(model_dir: str, with_mtp: bool = True) -> tuple[Qwen35Model, dict]:
+def checked_headers(model_dir: str, with_mtp: bool = True, dtypes=FLOAT_DTYPES) -> tuple[Qwen35Model, dict]:
     """Every header checked against the config's model, before any tensor is read: (the model on the meta device,
-    its mtp None when not asked for or absent from the checkpoint, {parameter name: (file, checkpoint key, shape)}
-    of exactly the tensors to load; a tied head's lm_head.weight, equal to the embedding, left out)."""
+    its mtp None when not asked for or absent from the checkpoint, {parameter name: (file, checkpoint key, shape,
+    dtype)} of exactly the tensors to load, each of one of `dtypes`; a tied head's lm_head.weight, equal to the
+    embedding, left out)."""
     cfg = ModelConfig.from_dir(model_dir)
     with torch.device("meta"):
         model = Qwen35Model(cfg, with_mtp=with_mtp)
@@ -113,12 +116,15 @@ def checked_headers(model_dir: str, with_mtp: bool = True) -> tuple[Qwen35Model,
     if not with_mtp or model.mtp is None:
         found = {n: v for n, v in found.items() if not n.startswith("mtp.")}
 
-    for name, (path, key, shape) in found.items():
+    for name, (path, key, shape, dtype) in found.items():
         if name not in expected:
             raise CheckpointError(f"{path}: unexpected tensor '{key}' (no such parameter in this model"
                                   f"{_quantized(model_dir)})")
         if shape != expected[name]:
             raise CheckpointError(f"{path}: tensor '{key}' has shape {list(shape)}, expected {list(expected[name])}")
+        if dtype not in dtypes:
+            raise CheckpointError(f"{path}: tensor '{key}' has dtype {dtype}; expected {'/'.join(dtypes)} "
+                                  "(quantised checkpoints are not loaded)")
     missing = [n for n in expected if n not in found]
     if missing:
         raise CheckpointError(f"{model_dir}: missing tensor(s) {', '.join(missing[:5])}"
@@ -126,21 +132,23 @@ def checked_headers(model_dir: str, with_mtp: bool = True) -> tuple[Qwen35Model,
     return model, found
 
 
+def by_file(found: dict) -> dict:
+    """checked_headers' tensors grouped by file: {path: [(name, key, shape, dtype)]}, to open each file once."""
+    out = {}
+    for name, (path, *rest) in found.items():
+        out.setdefault(path, []).append((name, *rest))
+    return out
+
+
 def load_model(model_dir: str, device="cpu", dtype=torch.bfloat16, with_mtp: bool = True) -> Qwen35Model:
     model, found = checked_headers(model_dir, with_mtp)
-    by_file = {}
-    for name, (path, key, _) in found.items():
-        by_file.setdefault(path, []).append((name, key))
-    for path, items in by_file.items():
+    for path, items in by_file(found).items():
         with safe_open(path, framework="pt") as f:
-            for name, key in items:
+            for name, key, *_ in items:
                 try:
                     tensor = f.get_tensor(key)
                 except Exception as e:       # truncated or corrupt data
                     raise CheckpointError(f"{path}: tensor '{key}' could not be read: {e}") from None
-                if not (tensor.is_floating_point() and tensor.dtype.itemsize >= 2):
-                    raise CheckpointError(f"{path}: tensor '{key}' has dtype {tensor.dtype}; expected fp32/fp16/bf16 "
-                                          "(quantised checkpoints are not supported by this loader)")
                 target = torch.float32 if name.endswith(FP32_TENSORS) else dtype
                 owner, _, leaf = name.rpartition(".")
                 model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(

@@ -43,13 +43,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from layers.checkpoint import CheckpointError, checked_headers, shard_files
+from layers.checkpoint import CheckpointError, by_file, checked_headers, shard_files
 from layers.config import ModelConfig
 from layers.quant import BLOCK_K, GROUP, Int4Weight, Int8Weight, quantize_int4, quantize_int8_rows
 
 FORMAT, FORMAT_VERSION = "qwen35-prepared", 1
 MANIFEST = "manifest.json"
 BODIES = ("int4", "bf16")
+SOURCE_DTYPES = ("F32", "F16", "BF16")     # checkpoint dtypes prepare reads
 SCALE_DTYPE = torch.float16
 CHUNK_ELEMENTS = 1 << 23          # source elements quantised at a time (8M: ~0.4 GB of quantiser temporaries)
 SHARD_BYTES = 2 << 30             # a saved shard's size limit (host memory while saving: one shard)
@@ -296,25 +297,15 @@ def prepare(model_dir: str, device="cpu", body: str = "int4", progress: Callable
     done, tensors total, bytes read, bytes total) is called after each block read; default: stderr_progress()."""
     if body not in BODIES:
         raise ValueError(f"body must be one of {BODIES}, got {body!r}")
-    model, found = checked_headers(model_dir, with_mtp)
-    cfg = model.cfg
-    by_file = {}
-    for name, (path, key, shape) in found.items():
-        by_file.setdefault(path, []).append((name, key, shape))
+    model, found = checked_headers(model_dir, with_mtp, dtypes=SOURCE_DTYPES)
     sizes = {}
-    for path, items in by_file.items():
-        with safe_open(path, framework="pt") as f:
-            for name, key, shape in items:
-                dtype = f.get_slice(key).get_dtype()
-                if dtype not in ("BF16", "F16", "F32"):
-                    raise CheckpointError(f"{path}: tensor '{key}' has dtype {dtype}; expected F32/F16/BF16 "
-                                          "(quantised checkpoints are not prepared)")
-                if body == "int4" and name.rpartition(".")[0].endswith(BODY_LINEARS) and shape[1] % BLOCK_K:
-                    raise CheckpointError(f"{path}: tensor '{key}' has {shape[1]} inputs, not a multiple of "
-                                          f"{BLOCK_K}: the int4 layout cannot hold it (prepare with body='bf16')")
-                sizes[name] = torch.Size(shape).numel() * {"F32": 4}.get(dtype, 2)
-    prepared = _allocate(cfg, body, model.mtp is not None, device)
-    targets = _targets(prepared, {n: s for n, (_, _, s) in found.items()})
+    for name, (path, key, shape, dtype) in found.items():
+        if body == "int4" and name.rpartition(".")[0].endswith(BODY_LINEARS) and shape[1] % BLOCK_K:
+            raise CheckpointError(f"{path}: tensor '{key}' has {shape[1]} inputs, not a multiple of "
+                                  f"{BLOCK_K}: the int4 layout cannot hold it (prepare with body='bf16')")
+        sizes[name] = torch.Size(shape).numel() * {"F32": 4}.get(dtype, 2)
+    prepared = _allocate(model.cfg, body, model.mtp is not None, device)
+    targets = _targets(prepared, {n: shape for n, (_, _, shape, _) in found.items()})
     assert set(targets) == set(found), set(targets) ^ set(found)
 
     report = progress or stderr_progress()
@@ -325,9 +316,9 @@ def prepare(model_dir: str, device="cpu", body: str = "int4", progress: Callable
         report(done[0], total, nbytes[0], total_bytes)
 
     with torch.no_grad():
-        for path, items in by_file.items():
+        for path, items in by_file(found).items():
             with safe_open(path, framework="pt") as f:
-                for name, key, shape in items:
+                for name, key, shape, _ in items:
                     dest, row0 = targets[name]
                     _fill(f, path, key, shape, dest, row0, device, on_block)
                     done[0] += 1
