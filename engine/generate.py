@@ -28,6 +28,14 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
 
+    def count_round(self, drafted: int, accepted: int):
+        """One verify round: `drafted` drafts proposed, the first `accepted` of them output (accepted drafts past a
+        stop or the length limit are not)."""
+        self.drafted += drafted
+        self.accepted += accepted
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
     @property
     def tokens_per_second(self) -> float:
         """Decode speed: tokens after the first (which the prefill produces) per second of decoding."""
@@ -135,13 +143,9 @@ class Generator:
             accepted, t_next = accept_drafts(logits, drafts, draft_probs, sampling, gen)
             a = accepted.item()
             cache.commit(a + 1)
-            stats.drafted += k
             before = len(out)
             reason = emit(drafts[0, :a].tolist() + [t_next.item()], logits[0])
-            used = min(a, len(out) - before)         # accepted drafts past a stop or the length limit are not output
-            stats.accepted += used
-            for i in range(used):
-                stats.accepted_per_position[i] += 1
+            stats.count_round(k, min(a, len(out) - before))
             if reason is None:
                 y = model.mtp_forward(torch.cat([drafts[:, :a], t_next[:, None]], 1), hidden[:, :a + 1], cache)
                 drafts, draft_probs = self._draft(y[:, -1:], cache, k, sampling, gen)

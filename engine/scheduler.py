@@ -224,15 +224,8 @@ class Scheduler:
             if seq is None:
                 break
             kept, reason = self._append(seq, tokens)
-            stats = seq.stats
-            stats.steps += 1
-            stats.drafted += k
-            used = min(len(tokens) - 1, len(kept))       # drafts accepted past a stop or the limit are not output
-            if used:
-                stats.accepted += used
-                per_position = stats.accepted_per_position
-                for i in range(used):
-                    per_position[i] += 1
+            seq.stats.steps += 1
+            seq.stats.count_round(k, min(len(tokens) - 1, len(kept)))
             if reason:
                 self._finish(seq, reason, now)
                 done = True
