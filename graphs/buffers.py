@@ -15,12 +15,15 @@ Per-slot tables, kept on the device from step to step (nothing read back inside 
   last_ids [S+1, k+1]     the last round's emitted ids (then −1); the pending token is last_ids[emitted − 1]
   hidden [S+1, k+1, H]    the last round's post-norm hiddens, the MTP's inputs of the next step's drafting
   temperature, top_k, top_p [S+1]  sampling parameters (entry S greedy)
-Activations are sized for R rows: max(S·(k+1), max_prefill); a pass of M rows uses the first M."""
+Activations are sized for R rows: max(S·(k+1), max_prefill); a pass of M rows uses the first M. Passes of at
+most MAX_ROWS rows on an int4 body use `sums` instead for the linears' outputs: int64 sums (kernels/fixed_sum.py)
+that the int4 GEMV adds into and each reader converts and clears, so they are all zero between passes."""
 import torch
 import triton
 
 from kernels.attention import alloc_partials, choose_nseg, kv_cache
 from kernels.gdn import prefill_workspace, state_pool
+from kernels.int4 import MAX_ROWS
 from kernels.norms.ref import rope_tables
 from kernels.sampler import RejectionWorkspace, SamplerWorkspace
 from kernels import device as gpu
@@ -29,7 +32,8 @@ GDN_CHUNK = 64                    # kernels.gdn.chunked's chunk on every device
 
 
 class Buffers:
-    def __init__(self, cfg, max_seqs: int, max_len: int, spec_k: int, max_prefill: int, kv_dtype, device):
+    def __init__(self, cfg, max_seqs: int, max_len: int, spec_k: int, max_prefill: int, kv_dtype, device,
+                 draft_vocab: int = None):
         S, k, H, V = max_seqs, spec_k, cfg.hidden_size, cfg.vocab_size
         T = k + 1
         self.S, self.k = S, k
@@ -103,6 +107,9 @@ class Buffers:
         self.k_out = torch.zeros(R, hkv, d, **bf)
         self.gate_up = torch.zeros(R, 2 * I, **bf)
         self.act = torch.zeros(R, I, **bf)
+        i64 = dict(dtype=torch.int64, device=device)
+        self.sums = dict(proj=torch.zeros(MAX_ROWS * n_proj, **i64), attn_out=torch.zeros(MAX_ROWS, H, **i64),
+                         gate_up=torch.zeros(MAX_ROWS, 2 * I, **i64), delta=torch.zeros(MAX_ROWS, H, **i64))
         self.logits = torch.zeros(S * T, V, **f32)
         self.nseg_max = choose_nseg(1, hkv, gpu.num_sms(torch.device(device)))
         self.partials = alloc_partials(S, hq, T, self.nseg_max, d, device)
@@ -115,16 +122,21 @@ class Buffers:
         self.sampler = SamplerWorkspace(S, V, device)
         self.out_ids = torch.full((S, T), -1, **i32)
         self.num_emitted = torch.ones(S, **i32)
+        pinned = dict(pin_memory=torch.device(device).type == "cuda")
+        self.host_out = [(torch.zeros(S, T, dtype=torch.int32, **pinned), torch.zeros(S, dtype=torch.int32, **pinned))
+                         for _ in range(2)]                      # two: a step's copy while the last one is read
         if k:
             self.emb, self.e_norm, self.h_norm, self.y_mtp = (torch.zeros(R, H, **bf) for _ in range(4))
             self.mtp_hidden = torch.zeros(S, T, H, **bf)
             self.y_row = torch.zeros(S, H, **bf)
             self.cat = torch.zeros(R, 2 * H, **bf)
             self.draft_tok = torch.zeros(S, **i32)
-            self.draft_logits = torch.zeros(S, k, V, **f32)
+            Vd = draft_vocab or V
+            self.draft_logits = torch.zeros(S, k, Vd, **f32)
+            self.draft_sampler = SamplerWorkspace(S, Vd, device)
             self.draft_ids = torch.zeros(S, k, **i32)
             self.draft_desc = torch.zeros(S, k, 4, **f32)
-            self.rejection = RejectionWorkspace(S, k, V, V, device)
+            self.rejection = RejectionWorkspace(S, k, V, Vd, device)
 
     @staticmethod
     def dense(flat, *shape):

@@ -26,20 +26,22 @@ sequence at a time (chunked GDN prefill carrying the state chunk to chunk in the
 Linears: int4 (kernels.int4.int4_linear) or, for a body="bf16" model, torch.mm into the output buffer. The
 lm_head and embedding are int8. Logits are fp32."""
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import torch
 
 from graphs.buffers import Buffers
-from kernels.attention import choose_nseg, prefill_attention, verify_attention
+from kernels.attention import choose_nseg, prefill_attention, verify_attention, verify_config
 from kernels.gdn import causal_conv1d, gdn_prefill, gdn_verify
-from kernels.int4 import int4_linear
+from kernels.int4 import defers, int4_linear
 from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
-from kernels.sampler import SamplingTensors, rejection_sample, sample, sample_drafts
+from kernels.sampler import SamplingTensors, rejection_sample, sample, sample_drafts, target_to_draft
 from kernels import device as gpu
+from layers.config import MAX_SPEC_K
 from layers.prepared import AttentionWeights, PreparedModel
-from layers.quant import Int4Weight
+from layers.quant import Int4Weight, Int8Weight
 
 OUT_ALIGN = 8           # int4 linears' output columns: a multiple of this for every variant (mma, wgmma_ws)
 
@@ -75,6 +77,19 @@ def aligned(obj):
     return obj
 
 
+class StepOutput:
+    """A step's tokens on their way to the host (ModelRunner.fetch)."""
+
+    def __init__(self, ids, counts, event):
+        self._ids, self._counts, self._event = ids, counts, event
+
+    def wait(self) -> list:
+        """Per row, the tokens it emitted (list of 1 … k+1 ids)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return [row[:n] for row, n in zip(self._ids.tolist(), self._counts.tolist())]
+
+
 @dataclass
 class Pass:
     """One forward pass: B rows of T tokens (a prefill: one row of T prompt tokens). Every tensor is a view of
@@ -89,6 +104,7 @@ class Pass:
     state_slots: torch.Tensor = None
     num_acc: torch.Tensor = None
     gdn_slots: torch.Tensor = None
+    deferred: bool = False         # the linears leave int64 sums (buf.sums) for their readers
 
     @property
     def M(self):
@@ -101,9 +117,12 @@ class Pass:
 
 class ModelRunner:
     def __init__(self, prepared: PreparedModel, max_seqs: int, max_len: int, spec_k: int = 0,
-                 max_prefill: int = 512, kv_dtype=torch.uint8, device=None):
+                 max_prefill: int = 512, kv_dtype=torch.uint8, device=None, draft_tokens=None):
         """max_seqs sequences (slots) of up to max_len tokens, spec_k drafts a step (0: plain decoding; needs the
-        MTP weights), prompt chunks of up to max_prefill tokens; kv_dtype torch.uint8 (fp8 e4m3) or bf16."""
+        MTP weights), prompt chunks of up to max_prefill tokens; kv_dtype torch.uint8 (fp8 e4m3) or bf16.
+        draft_tokens: None (drafts over the whole vocabulary), or the sorted target ids of a reduced draft
+        vocabulary (QUANT.md §5): the draft head is those rows of the int8 lm_head, draft ids map back through
+        d2t, and rejection sampling stays exact (q = 0 outside them)."""
         if spec_k and prepared.mtp is None:
             raise ValueError("spec_k > 0 needs the MTP weights (prepare the checkpoint with its mtp.* tensors)")
         if kv_dtype not in (torch.uint8, torch.bfloat16):
@@ -111,30 +130,58 @@ class ModelRunner:
         self.w, self.cfg, self.k = aligned(prepared), prepared.cfg, spec_k
         self.device = torch.device(device) if device is not None else prepared.norm.device
         self.max_seqs, self.max_len, self.max_prefill = max_seqs, max_len, max_prefill
-        self.buf = Buffers(self.cfg, max_seqs, max_len, spec_k, max_prefill, kv_dtype, self.device)
+        self.draft_head, self.d2t, self.t2d = self.w.lm_head, None, None
+        if draft_tokens is not None:
+            ids = torch.as_tensor(draft_tokens, dtype=torch.int64, device=self.device)
+            V = self.cfg.vocab_size
+            if ids.dim() != 1 or not len(ids) or not bool((ids[1:] > ids[:-1]).all()) or not 0 <= int(ids[0]) \
+                    or int(ids[-1]) >= V:
+                raise ValueError(f"draft_tokens must be sorted distinct target ids in [0, {V})")
+            lm = self.w.lm_head
+            self.draft_head = Int8Weight(lm.qweight[ids].contiguous(), lm.scales[ids].contiguous())
+            self.d2t = (ids - torch.arange(len(ids), device=self.device)).to(torch.int32)
+            self.t2d = target_to_draft(self.d2t, V)
+        self.buf = Buffers(self.cfg, max_seqs, max_len, spec_k, max_prefill, kv_dtype, self.device,
+                           draft_vocab=self.draft_head.qweight.shape[0])
         self.num_sms = gpu.num_sms(self.device)
         self.ready = [False] * max_seqs               # per slot: its prompt's last chunk ran (it steps)
+        self.graphs = {}                              # B -> torch.cuda.CUDAGraph of run_step(B) (capture())
+        self._slots = None                            # the slot list buf.rows holds
+        self._fetches = 0
 
     # ------------------------------------------------------------------------------------------ one layer
     def _layer(self, w, cache, p: Pass, first: bool):
         """One decoder layer over p's M rows; the residual stream is buf.res, updated in place; the layer's
         output increment is left in buf.delta (the next layer's add_rmsnorm adds it)."""
         b, cfg, eps, M = self.buf, self.cfg, self.cfg.rms_norm_eps, p.M
-        res, y, delta = b.res[:M], b.y[:M], b.delta[:M]
+        res, y, delta, attn_out = b.res[:M], b.y[:M], self._out(p, "delta"), self._out(p, "attn_out")
         if first:
             add_rmsnorm(res, None, w.input_norm, eps, y=y)
         else:
             add_rmsnorm(delta, res, w.input_norm, eps, h=res, y=y)
         mixer = w.mixer
         if isinstance(mixer, AttentionWeights):
-            self._attention(mixer, cache, p, y, b.attn_out[:M])
+            self._attention(mixer, cache, p, y, attn_out)
         else:
-            self._gdn(mixer, cache, p, y, b.attn_out[:M])
-        add_rmsnorm(b.attn_out[:M], res, w.post_norm, eps, h=res, y=y)
+            self._gdn(mixer, cache, p, y, attn_out)
+        add_rmsnorm(attn_out, res, w.post_norm, eps, h=res, y=y)
         I = cfg.intermediate_size
-        gu = linear(y, w.mlp.gate_up, b.gate_up[:M])
+        gu = linear(y, w.mlp.gate_up, self._out(p, "gate_up"))
         silu_mul(gu[:, :I], gu[:, I:], y=b.act[:M])
         linear(b.act[:M], w.mlp.down, delta)
+
+    def _out(self, p: Pass, name: str, n: int = None):
+        """The output buffer of a linear for p's M rows: buf.<name> (bf16), or buf.sums[name] when p.deferred;
+        n: columns of a flat buffer (proj)."""
+        b = self.buf
+        flat = b.sums[name] if p.deferred else getattr(b, name)
+        return b.dense(flat, p.M, n) if n is not None else flat[:p.M]
+
+    def _q_max(self, B: int):
+        """The attention's tile height for B rows: the widest verify's (MAX_SPEC_K + 1 tokens) where the step is
+        width-invariant — every linear of that verify still runs the GEMV — so a row's logits are bitwise the same
+        for any k (greedy output with drafting equals without); beyond, its own q_len (the fastest tile)."""
+        return MAX_SPEC_K + 1 if defers(B * (MAX_SPEC_K + 1), self.device) else None
 
     def _gdn(self, w, cache, p: Pass, y, out):
         cfg, b, M, B, T = self.cfg, self.buf, p.M, p.B, p.T
@@ -143,7 +190,7 @@ class ModelRunner:
         pool, conv = cache
         C = cfg.linear_conv_dim
         z_end = C + hv * dv
-        proj = linear(y, w.in_proj, b.dense(b.proj, M, width(w.in_proj)))
+        proj = linear(y, w.in_proj, self._out(p, "proj", width(w.in_proj)))
         mixed = b.mixed[:M].view(B, T, C)
         causal_conv1d(proj[:, :C].view(B, T, C), w.conv_weight, conv, p.rows, num_accepted=p.num_acc, out=mixed)
         q, k, v = (t.unflatten(-1, (-1, n)) for t, n in
@@ -156,14 +203,15 @@ class ModelRunner:
         else:
             gdn_verify(q, k, v, a, bb, w.A_log, w.dt_bias, pool, p.state_slots, p.num_acc, out=o)
         o = o.view(M, hv, dv)
-        gated_rmsnorm(o, proj[:, C:z_end].view(M, hv, dv), w.norm, cfg.rms_norm_eps, y=o)
+        gated_rmsnorm(o, proj[:, C:z_end].view(M, hv, dv), w.norm, cfg.rms_norm_eps, y=o,
+                      clear=proj[:, z_end:z_end + 2 * hv] if p.deferred else None)
         linear(o.view(M, -1), w.out_proj, out)
 
     def _attention(self, w, cache, p: Pass, y, out):
         cfg, b, M, B, T = self.cfg, self.buf, p.M, p.B, p.T
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         kc, vc, ks, vs = cache
-        proj = linear(y, w.qkv_gate, b.dense(b.proj, M, width(w.qkv_gate)))
+        proj = linear(y, w.qkv_gate, self._out(p, "proj", width(w.qkv_gate)))
         kv = proj[:, 2 * hq * d:2 * hq * d + 2 * hkv * d]
         q, gate = b.q[:M], b.gate[:M]
         qk_norm_rope(proj[:, :2 * hq * d], kv[:, :hkv * d], w.q_norm, w.k_norm, p.cos, p.sin, hq, hkv,
@@ -175,8 +223,9 @@ class ModelRunner:
             o.mul_(gate.view(B, T, hq, d))
         else:
             nseg = min(choose_nseg(B, hkv, self.num_sms), b.nseg_max)
-            verify_attention(q.view(B, T, hq, d), kc, vc, ks, vs, p.rows, p.kv_lens, o, b.partials, nseg,
-                             gate=gate.view(B, T, hq, d), fresh=T)
+            q = q.view(B, T, hq, d)
+            verify_attention(q, kc, vc, ks, vs, p.rows, p.kv_lens, o, b.partials, nseg, gate=gate.view(B, T, hq, d),
+                             fresh=T, cfg=verify_config(q, kc, vc, q_max=self._q_max(B)))
         linear(o.view(M, -1), w.o_proj, out)
 
     # ------------------------------------------------------------------------------------------ passes
@@ -186,7 +235,8 @@ class ModelRunner:
         int8_embedding(ids, self.w.embed, out=b.res[:M])
         for i, (w, cache) in enumerate(zip(self.w.layers, b.layers)):
             self._layer(w, cache, p, first=i == 0)
-        add_rmsnorm(b.delta[:M], b.res[:M], self.w.norm, self.cfg.rms_norm_eps, h=b.res[:M], y=b.out_hidden[:M])
+        add_rmsnorm(self._out(p, "delta"), b.res[:M], self.w.norm, self.cfg.rms_norm_eps, h=b.res[:M],
+                    y=b.out_hidden[:M])
         return b.out_hidden[:M]
 
     def _mtp(self, p: Pass, ids, hidden, out):
@@ -199,7 +249,7 @@ class ModelRunner:
         torch.cat([b.e_norm[:M], b.h_norm[:M]], 1, out=b.cat[:M])
         linear(b.cat[:M], m.fc, b.res[:M])
         self._layer(m.layer, b.mtp_kv, p, first=True)
-        add_rmsnorm(b.delta[:M], b.res[:M], m.norm, eps, h=b.res[:M], y=out)
+        add_rmsnorm(self._out(p, "delta"), b.res[:M], m.norm, eps, h=b.res[:M], y=out)
         return out
 
     def _rope(self, p_rows: int, T: int, start):
@@ -225,7 +275,8 @@ class ModelRunner:
         slots.copy_(b.rows[:B].view(B, 1).expand(B, T))
         slots.mul_(k + 1)
         slots.add_(b.arange_T[:T] if T > 1 else k)
-        return Pass(B, T, b.rows[:B], b.kv_lens[:B], cos, sin, slots, b.acc_last[:B] if acc is None else acc)
+        return Pass(B, T, b.rows[:B], b.kv_lens[:B], cos, sin, slots, b.acc_last[:B] if acc is None else acc,
+                    deferred=self.w.body == "int4" and defers(B * T, self.device))
 
     # ------------------------------------------------------------------------------------------ entry points
     def set_sampling(self, slot: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
@@ -313,6 +364,7 @@ class ModelRunner:
                 self._check_slot(s)
         b.rows[:B].copy_(torch.tensor([S if s < 0 else s for s in slots], dtype=torch.int32))
         b.rows_long[:B].copy_(b.rows[:B])
+        self._slots = None
         return B, b.rows_long[:B]
 
     def set_seed(self, seed: int):
@@ -337,60 +389,157 @@ class ModelRunner:
         return logits
 
     def _reset_padding(self):
+        """The padding entry S of the per-slot tables back to a fixed state after a pass wrote it, so a padding
+        row computes the same every step (and replay equals the launches on every row)."""
         b, S = self.buf, self.max_seqs
         b.seq_len[S:].zero_()
         b.num_acc[S:].fill_(1)
         b.emitted[S:].fill_(1)
+        b.last_ids[S:].zero_()
+        b.hidden[S:].zero_()
 
     @torch.no_grad()
     def step(self, slots: list):
-        """One MTP-k round (module docstring) over B rows (slot -1: padding). Returns (ids [B, k+1] int32: the
-        emitted tokens then −1, counts [B] int32), device views valid until the next step."""
-        return self.run_step(self.set_rows(slots))
+        """One MTP-k round (module docstring) over B rows (slot -1: padding): the bucket's CUDA graph replayed when
+        capture() made one for B, else the launches. Returns (ids [B, k+1] int32: the emitted tokens then −1,
+        counts [B] int32), device views valid until the next step (fetch() reads them)."""
+        B = self.set_rows(slots)
+        graph = self.graphs.get(B)
+        if graph is None:
+            return self.run_step(B)
+        graph.replay()
+        return self._outputs(B)
 
     def set_rows(self, slots: list) -> int:
-        """The host's part of a step: the rows' slots into buf.rows (slot -1: padding). Returns B."""
-        return self._fill_rows(slots)[0]
+        """The host's part of a step: the rows' slots into buf.rows (slot -1: padding), copied only when they
+        changed since the last step. Returns B."""
+        slots = list(slots)
+        if slots != self._slots:
+            self._fill_rows(slots)
+            self._slots = slots
+        return len(slots)
+
+    def _outputs(self, B):
+        b = self.buf
+        if self.k:
+            return b.rejection.out[:B], b.rejection.num_emitted[:B]
+        return b.out_ids[:B], b.num_emitted[:B]
 
     @torch.no_grad()
     def run_step(self, B: int):
         """The device's part of a step over buf.rows[:B] (what a bucket's CUDA graph captures): fixed shapes for
         B, inputs read from the runner's buffers, nothing allocated by the kernels, nothing read back."""
-        b, k = self.buf, self.k
+        for _, phase in self.step_phases(B):
+            phase()
+        return self._outputs(B)
+
+    def step_phases(self, B: int) -> list:
+        """run_step(B) as (name, launches) in order: "rows" (the rows' tables gathered), "draft" (k > 0),
+        "verify" (every layer over the k+1 tokens, the lm_head), "sample" (rejection sampling, or sampling, and
+        the commit). For benchmarks that time them apart."""
+        b, k, T = self.buf, self.k, self.k + 1
         rows = b.rows_long[:B]
-        rows.copy_(b.rows[:B])
-        T = k + 1
-        torch.index_select(b.seq_len, 0, rows, out=b.row_len[:B])
-        torch.index_select(b.emitted, 0, rows, out=b.row_emitted[:B])
-        params = SamplingTensors(torch.index_select(b.temperature, 0, rows, out=b.row_temperature[:B]),
-                                 torch.index_select(b.top_k, 0, rows, out=b.row_top_k[:B]),
-                                 torch.index_select(b.top_p, 0, rows, out=b.row_top_p[:B]))
-        idx = b.gather_idx[:B]                        # t0, each row's last emitted token: rows·T + emitted − 1
-        torch.mul(rows, T, out=idx)
-        idx.add_(b.row_emitted[:B]).sub_(1)
+        params = SamplingTensors(b.row_temperature[:B], b.row_top_k[:B], b.row_top_p[:B])
         ids = b.ids[:B * T].view(B, T)
-        ids[:, 0] = torch.index_select(b.last_ids.view(-1), 0, idx, out=b.t0[:B])
-        if k:
+        logits = b.logits[:B * T].view(B, T, -1)
+
+        def gather():
+            rows.copy_(b.rows[:B])
+            for table, row in ((b.seq_len, b.row_len), (b.emitted, b.row_emitted), (b.num_acc, b.row_acc),
+                               (b.temperature, b.row_temperature), (b.top_k, b.row_top_k), (b.top_p, b.row_top_p)):
+                torch.index_select(table, 0, rows, out=row[:B])
+            idx = b.gather_idx[:B]                    # t0, each row's last emitted token: rows·T + emitted − 1
+            torch.mul(rows, T, out=idx)
+            idx.add_(b.row_emitted[:B]).sub_(1)
+            torch.index_select(b.last_ids.view(-1), 0, idx, out=b.t0[:B])
+            ids[:, 0] = b.t0[:B]
+
+        def draft():
             self._draft(B, rows, params)
             ids[:, 1:] = b.draft_ids[:B]
-        torch.index_select(b.num_acc, 0, rows, out=b.row_acc[:B])
-        p = self._row_pass(B, T, b.row_len[:B], acc=b.row_acc[:B])
-        hidden = self._target(p, b.ids[:B * T])
-        logits = int8_linear(hidden, self.w.lm_head, out=b.logits[:B * T]).view(B, T, -1)
-        if k:
-            out, count = rejection_sample(logits, b.draft_logits[:B], b.draft_ids[:B], params, b.seed, b.offset,
-                                          b.rejection, b.draft_desc[:B])
-        else:
-            out, count = b.out_ids[:B], b.num_emitted[:B]
-            sample(logits.view(B, -1), params, b.seed, b.offset, b.sampler, out=(out[:, 0], b.sampler.desc[:B]))
-        # commit
-        b.seq_len.index_copy_(0, rows, torch.add(b.row_len[:B], count, out=b.new_len[:B]))
-        b.num_acc.index_copy_(0, rows, count)
-        b.emitted.index_copy_(0, rows, count)
-        b.last_ids.index_copy_(0, rows, out)
-        b.hidden.index_copy_(0, rows, hidden.view(B, T, -1))
-        self._reset_padding()
-        return out, count
+
+        def verify():
+            p = self._row_pass(B, T, b.row_len[:B], acc=b.row_acc[:B])
+            hidden = self._target(p, b.ids[:B * T])
+            int8_linear(hidden, self.w.lm_head, out=logits.view(B * T, -1))
+
+        def sample_commit():
+            if k:
+                out, count = rejection_sample(logits, b.draft_logits[:B], b.draft_ids[:B], params, b.seed, b.offset,
+                                              b.rejection, b.draft_desc[:B], self.t2d)
+            else:
+                out, count = b.out_ids[:B], b.num_emitted[:B]
+                sample(logits.view(B, -1), params, b.seed, b.offset, b.sampler, out=(out[:, 0], b.sampler.desc[:B]))
+            b.seq_len.index_copy_(0, rows, torch.add(b.row_len[:B], count, out=b.new_len[:B]))
+            b.num_acc.index_copy_(0, rows, count)
+            b.emitted.index_copy_(0, rows, count)
+            b.last_ids.index_copy_(0, rows, out)
+            b.hidden.index_copy_(0, rows, b.out_hidden[:B * T].view(B, T, -1))
+            self._reset_padding()
+
+        return [("rows", gather)] + ([("draft", draft)] if k else []) + [("verify", verify), ("sample", sample_commit)]
+
+    def capture(self, buckets) -> dict:
+        """One CUDA graph of run_step(B) for each bucket B, captured largest first into one memory pool after a
+        warm-up launch (which resolves every launch config and compiles the kernels) on padding rows — which
+        write nothing a sequence reads, so this is harmless at any time. step() replays them. Returns
+        {B: seconds of warm-up + capture}."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device; on the CPU step() launches eagerly")
+        pool = self.graphs[max(self.graphs)].pool() if self.graphs else torch.cuda.graph_pool_handle()
+        seconds = {}
+        for B in sorted(set(buckets), reverse=True):
+            if not 1 <= B <= self.max_seqs:
+                raise ValueError(f"bucket {B} is outside [1, {self.max_seqs}] (the runner's sequence slots)")
+            t = time.perf_counter()
+            self.set_rows([-1] * B)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self.run_step(B)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.run_step(B)
+            torch.cuda.synchronize(self.device)
+            self.graphs[B] = graph
+            seconds[B] = time.perf_counter() - t
+        return seconds
+
+    @property
+    def captured(self) -> list:
+        return sorted(self.graphs)
+
+    def fetch(self, B: int) -> "StepOutput":
+        """The last step's tokens copied to pinned host memory behind the step on the stream; StepOutput.wait()
+        blocks until they are there. Two fetches may be outstanding (the host enqueues step t+1 before it reads
+        step t's tokens)."""
+        ids, counts = self._outputs(B)
+        host_ids, host_counts = self.buf.host_out[self._fetches % 2]
+        self._fetches += 1
+        host_ids[:B].copy_(ids, non_blocking=True)
+        host_counts[:B].copy_(counts, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return StepOutput(host_ids[:B], host_counts[:B], event)
+
+    def step_logits(self, B: int):
+        """The last step's target logits [B, k+1, V] fp32: row b, position j produced row b's j-th emitted token."""
+        return self.buf.logits[:B * (self.k + 1)].view(B, self.k + 1, -1)
+
+    def cut_round(self, slot: int, kept: int):
+        """The host kept only the first `kept` tokens the last step emitted for `slot` (1 ≤ kept ≤ its count): the
+        slot's caches are made to hold exactly the tokens before the last kept one (which stays pending), as if
+        the round had accepted kept − 1 drafts: the GDN state after token kept − 1 is in slot kept − 1 already."""
+        self._check_slot(slot)
+        b = self.buf
+        if not 1 <= kept <= self.k + 1:
+            raise ValueError(f"cut_round: kept must be in [1, {self.k + 1}], got {kept}")
+        b.seq_len[slot:slot + 1].sub_(b.emitted[slot:slot + 1]).add_(kept)
+        b.num_acc[slot] = kept
+        b.emitted[slot] = kept
 
     def _draft(self, B, rows, params):
         """k drafts per row into buf.draft_ids / draft_logits / draft_desc (module docstring: draft)."""
@@ -406,8 +555,8 @@ class ModelRunner:
         idx.sub_(1)
         y_row = torch.index_select(y, 0, idx, out=b.y_row[:B])
         for j in range(k):
-            int8_linear(y_row, self.w.lm_head, out=b.draft_logits[:B, j])
-            sample_drafts(b.draft_logits[:B, j], params, b.seed, b.offset, b.sampler,
+            int8_linear(y_row, self.draft_head, out=b.draft_logits[:B, j])
+            sample_drafts(b.draft_logits[:B, j], params, b.seed, b.offset, b.draft_sampler, d2t=self.d2t,
                           out=(b.draft_ids[:B, j], b.draft_desc[:B, j]))
             if j + 1 < k:                             # the draft at position L + j, from the MTP's own output
                 b.draft_tok[:B].copy_(b.draft_ids[:B, j])

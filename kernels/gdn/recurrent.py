@@ -28,11 +28,12 @@ def config(v, state) -> Config:
     """By programs per SM (docs/notes/gdn.md); never by T."""
     B, _, HV, DV = v.shape
     sms = gpu.num_sms(v.device)
+    fits = DV & -DV                     # the largest power of two dividing DV: blocks tile it exactly
     if B * HV * triton.cdiv(DV, 16) <= 4 * sms:
-        return Config(min(16, DV), 1)
+        return Config(min(16, fits), 1)
     if state.element_size() == 2 and B * HV * triton.cdiv(DV, 32) <= 16 * sms:
-        return Config(min(32, DV), 2)
-    return Config(min(64, DV), 4)
+        return Config(min(32, fits), 2)
+    return Config(min(64, fits), 4)
 
 
 @triton.jit

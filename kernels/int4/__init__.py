@@ -13,7 +13,7 @@ from kernels.int4 import gemv, mma, wgmma_ws
 from kernels.int4.common import MAX_ROWS
 from layers.quant import Int4Weight, a8_permute
 
-__all__ = ["int4_linear", "w4a8_linear", "config", "MAX_ROWS"]
+__all__ = ["int4_linear", "w4a8_linear", "config", "defers", "MAX_ROWS"]
 
 
 def config(x: torch.Tensor, w: Int4Weight):
@@ -26,6 +26,11 @@ def config(x: torch.Tensor, w: Int4Weight):
         return wgmma_ws.config(m, w.n, w.k, x.device, a8)
     assert mma.supports(x, w), (x.dtype, x.shape, w.group)
     return mma.config(m, w.n, w.k, x.device, a8)
+
+
+def defers(rows: int, device) -> bool:
+    """Whether int4_linear of `rows` rows on `device` may write int64 sums (kernels/fixed_sum.py): the GEMV runs."""
+    return gemv.runs(rows, device)
 
 
 def int4_linear(x: torch.Tensor, w: Int4Weight, out: torch.Tensor = None, cfg=None) -> torch.Tensor:

@@ -385,11 +385,16 @@ class Config:
     sum_once: bool = False
 
 
+def runs(rows: int, device) -> bool:
+    """Whether the GEMV runs `rows` rows on `device` (given symmetric group-128 weights and a dense bf16/fp16 x):
+    CUDA (or meta, offline) sm_80+, ≤ MAX_ROWS rows. Only then can a linear leave int64 sums."""
+    device = torch.device(device)
+    return device.type in ("cuda", "meta") and gpu.capability(device) >= (8, 0) and rows <= MAX_ROWS
+
+
 def supports(x: torch.Tensor, w: Int4Weight) -> bool:
-    """CUDA (or meta, offline) sm_80+, ≤ MAX_ROWS rows, symmetric weights, group 128."""
-    return ((x.is_cuda or x.is_meta) and gpu.capability(x.device) >= (8, 0) and x.numel() // x.shape[-1] <= MAX_ROWS
-            and w.zs is None and w.group == GROUP and x.dtype in (torch.bfloat16, torch.float16)
-            and x.stride(-1) == 1)
+    return (runs(x.numel() // x.shape[-1], x.device) and w.zs is None and w.group == GROUP
+            and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1)
 
 
 def config(m: int, n: int, k: int, device, **override) -> Config:
