@@ -1,11 +1,16 @@
-"""The static memory plan reproduces QUANT.md §7's 27B budget on the RTX 3090 profile."""
+"""The static memory plan reproduces QUANT.md §7's 27B budget on the RTX 3090 profile; its prediction of the
+runner's buffers is what graphs/buffers.Buffers allocates; a configuration that does not fit says what would."""
 import json
 
 import pytest
+import torch
 
 from capture import main
-from graphs.plan import load_profile, plan
+from graphs.buffers import Buffers
+from graphs.plan import Fit, load_profile, plan, runner_bytes
+from kernels import device as gpu
 from layers.config import ModelConfig, qwen38_27b
+from tests.fixtures import BASE, CONFIGS
 
 
 def test_27b_plan_matches_the_reference_budget():
@@ -38,7 +43,8 @@ def test_capture_reports_errors(capsys):
     (lambda p: p.update(batch_buckets=[0]), "batch_buckets"),
     (lambda p: p.update(batch_buckets=[1.5]), "batch_buckets"),
     (lambda p: p.update(kv_dtype="int3"), "kv_dtype"), (lambda p: p.pop("spec_k"), "spec_k"),
-    (lambda p: p.update(spec_k=-1), "spec_k"),
+    (lambda p: p.update(spec_k=-1), "spec_k"), (lambda p: p.pop("prefill_chunk"), "prefill_chunk"),
+    (lambda p: p.update(prefill_chunk=0), "prefill_chunk"), (lambda p: p.update(prefill_budget=2.5), "prefill_budget"),
 ])
 def test_profile_fields_are_checked_by_name(tmp_path, capsys, edit, field):
     """A bad profile field fails in one line naming it (they raised tracebacks, or printed a nonsense plan)."""
@@ -51,3 +57,40 @@ def test_profile_fields_are_checked_by_name(tmp_path, capsys, edit, field):
     path.write_text("[1, 2]")
     assert main(["--profile", str(path)]) == 2 and "must be a JSON object" in capsys.readouterr().err
     assert main(["--profile", str(tmp_path) + "/x.json", "--model", str(path)]) == 2
+
+
+def allocated(obj, seen) -> int:
+    """Bytes of the distinct storages reachable from obj (tensors, lists, tuples, objects' attributes)."""
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    if isinstance(obj, (list, tuple)):
+        return sum(allocated(o, seen) for o in obj)
+    return sum(allocated(o, seen) for o in vars(obj).values()) if hasattr(obj, "__dict__") else 0
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("seqs, max_len, k, chunk, kv", [(4, 100, 0, 16, torch.uint8), (3, 64, 2, 40, torch.bfloat16),
+                                                         (8, 300, 4, 128, torch.uint8)])
+def test_runner_bytes_predict_the_buffers(name, seqs, max_len, k, chunk, kv):
+    cfg = ModelConfig.from_dict({**BASE, **CONFIGS[name], "model_type": "qwen3_5_text"})
+    buffers = Buffers(cfg, seqs, max_len, k, chunk, kv, "cpu")
+    predicted = runner_bytes(cfg, seqs, max_len, k, chunk, "fp8_e4m3" if kv == torch.uint8 else "bfloat16",
+                             gpu.num_sms("cpu"))
+    assert predicted == pytest.approx(allocated(buffers, set()), rel=0.01)
+
+
+def test_a_plan_that_does_not_fit_says_what_would():
+    """The 27B at 64 sequences does not fit a 3090 at any context (64 × 5 fp16 state slots alone are 23 GiB)."""
+    fit = Fit(qwen38_27b(), load_profile("rtx3090"))
+    with pytest.raises(ValueError, match=r"no max_len fits at max_seqs 64; at max_len 32768 at most max_seqs 5$"):
+        fit.check(64, 32768)
+    assert fit.fits(5, 32768) and not fit.fits(6, 32768)
+    n = fit.max_len(16)
+    assert 0 < n < 32768 and fit.check(16, n) <= 24 * 2**30 and not fit.fits(16, n + 1)
+    with pytest.raises(ValueError, match=f"at max_seqs 16 at most max_len {n} fits; at max_len 32768 at most"):
+        fit.check(16, 32768)
+    assert Fit(qwen38_27b(), load_profile("h200")).max_len(1) == 262144        # capped at max_position_embeddings
