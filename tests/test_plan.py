@@ -9,7 +9,7 @@ from capture import main
 from graphs.buffers import Buffers
 from graphs.plan import Fit, load_profile, plan, runner_bytes
 from kernels import device as gpu
-from layers.config import ModelConfig, qwen38_27b
+from layers.config import QWEN38_27B, ModelConfig, qwen38_27b
 from tests.fixtures import BASE, CONFIGS
 
 
@@ -94,3 +94,70 @@ def test_a_plan_that_does_not_fit_says_what_would():
     with pytest.raises(ValueError, match=f"at max_seqs 16 at most max_len {n} fits; at max_len 32768 at most"):
         fit.check(16, 32768)
     assert Fit(qwen38_27b(), load_profile("h200")).max_len(1) == 262144        # capped at max_position_embeddings
+
+
+@pytest.fixture
+def model_27b(tmp_path):
+    """A directory holding only the 27B config: all the plan reads."""
+    (tmp_path / "config.json").write_text(open(QWEN38_27B).read())
+    return str(tmp_path)
+
+
+def test_capture_fails_before_allocating_saying_what_fits(model_27b, capsys):
+    assert main(["--model", model_27b, "--max-seqs", "64", "--max-len", "32768"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: max_seqs 64 x max_len 32768 (spec_k 4, prefill chunk 1024) needs ")
+    assert "no max_len fits at max_seqs 64; at max_len 32768 at most max_seqs 5" in err
+    assert main(["--model", model_27b, "--max-seqs", "0"]) == 2
+    assert "--max-seqs must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["--model", model_27b, "--max-len", "40", "--max-seqs", "1"]) == 2
+    assert "--max-len 40 is too short for the checks" in capsys.readouterr().err
+
+
+def test_capture_plan_table(model_27b, tmp_path, capsys):
+    """The default on a 3090: 16k context, the largest bucket that fits it (8), the runner's buffers itemised;
+    without CUDA it stops after the plan (exit 0) and --json has it."""
+    out = tmp_path / "plan.json"
+    assert main(["--model", model_27b, "--profile", "rtx3090", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| runner buffers at 8 x 16384 | 7.57 GiB: kv 4.27 GiB, state 2.86 GiB" in text and "| weights | 14.46 GiB |" in text
+    assert "| 64 | 0 |" in text and "graph capture needs CUDA" in text
+    report = json.loads(out.read_text())
+    assert report["max_seqs"] == 8 and report["plan"]["context_by_bucket"]["1"] == 240059
+
+
+class StubRunner:
+    """The ModelRunner calls capture.replay_check makes; `drift` makes replayed steps differ from eager ones."""
+
+    def __init__(self, drift=False):
+        self.cfg, self.drift, self.calls = qwen38_27b(), drift, []
+
+    def set_seed(self, seed):
+        self.t = 0
+
+    def prefill(self, slot, ids, start, last):
+        assert slot == 0 and start == 0 and last and len(ids) == 16 and max(ids) < self.cfg.vocab_size
+
+    def set_rows(self, slots):
+        self.calls.append(("eager", len(slots)))
+
+    def run_step(self, B, replayed=False):
+        self.t += 1
+        ids = torch.full((B, 5), self.t + (replayed and self.drift and self.t == 3), dtype=torch.int32)
+        return ids, torch.ones(B, dtype=torch.int32)
+
+    def step(self, slots):
+        assert slots == [0] + [-1] * (len(slots) - 1)
+        self.calls.append(("replay", len(slots)))
+        return self.run_step(len(slots), replayed=True)
+
+    def step_logits(self, B):
+        return torch.full((B, 5, 8), float(self.t))
+
+
+def test_replay_check_compares_eager_and_replayed_steps():
+    from capture import replay_check
+    runner = StubRunner()
+    assert replay_check(runner, 4, 6)
+    assert runner.calls == [("eager", 4)] * 6 + [("replay", 4)] * 6
+    assert not replay_check(StubRunner(drift=True), 2, 6)
