@@ -9,10 +9,10 @@
 2. CUDA only (elsewhere it stops after the plan, exit 0): with the process held to the profile's memory
    (a 24 GiB profile on a bigger GPU gets that fraction of it), the model is loaded (a prepared directory) or
    prepared (a checkpoint), ModelRunner(prepared, S, L, k, prefill chunk) built and every bucket <= S captured.
-3. Replay check per bucket B: one short prompt prefilled into slot 0 (rows 1 … B−1 padding), --check-steps steps
-   launched eagerly, their tokens and row 0's logits kept; the same prompt prefilled again (start 0 resets the
-   slot, set_seed the sampler) and as many steps replayed from the graph: both must be bitwise equal (exit 1
-   otherwise). Then each bucket's replayed step time with all B rows live (CUDA events, median of 10).
+3. Replay check per bucket B: one short prompt prefilled into slot 0 (rows 1 … B−1 padding, whose outputs mean
+   nothing), sampled at T 1 / top-k 20 / top-p 0.95, --check-steps steps launched eagerly, row 0's tokens, count
+   and logits kept; the same prompt prefilled again (start 0 resets the slot, set_seed the sampler) and as many
+   steps replayed from the graph: both must be bitwise equal (exit 1 otherwise). Then each bucket's replayed step time with all B rows live (CUDA events, median of 10).
 Prints the load, capture and start-up (load + quantise + runner + capture) times; --json writes them all."""
 import argparse
 import json
@@ -70,6 +70,7 @@ def replay_check(runner, B: int, steps: int) -> bool:
     """Module docstring, 3: eager steps then replayed steps from the same start give the same tokens and logits."""
     import torch
     slots = [0] + [-1] * (B - 1)
+    runner.set_sampling(0, temperature=1.0, top_k=20, top_p=0.95)      # sampled: the seed's draws are checked too
     runs = []
     for replay in (False, True):
         runner.set_seed(0)
@@ -81,7 +82,7 @@ def replay_check(runner, B: int, steps: int) -> bool:
             else:
                 runner.set_rows(slots)
                 ids, counts = runner.run_step(B)
-            out.append((ids.clone(), counts.clone(), runner.step_logits(B)[0].clone()))
+            out.append((ids[0].clone(), counts[0].clone(), runner.step_logits(B)[0].clone()))   # padding: garbage
         runs.append(out)
     return all(torch.equal(a, b) for x, y in zip(*runs) for a, b in zip(x, y))
 

@@ -60,7 +60,7 @@ def test_profile_fields_are_checked_by_name(tmp_path, capsys, edit, field):
 
 
 def allocated(obj, seen) -> int:
-    """Bytes of the distinct device storages reachable from obj (tensors, lists, tuples, objects' attributes;
+    """Bytes of the distinct device storages reachable from obj (tensors, lists, tuples, dicts, attributes;
     host_out, the pinned host copies of a step's tokens, is not device memory)."""
     if isinstance(obj, torch.Tensor):
         storage = obj.untyped_storage()
@@ -68,8 +68,8 @@ def allocated(obj, seen) -> int:
             return 0
         seen.add(storage.data_ptr())
         return storage.nbytes()
-    if isinstance(obj, (list, tuple)):
-        return sum(allocated(o, seen) for o in obj)
+    if isinstance(obj, (list, tuple, dict)):
+        return sum(allocated(o, seen) for o in (obj.values() if isinstance(obj, dict) else obj))
     if not hasattr(obj, "__dict__"):
         return 0
     return sum(allocated(o, seen) for name, o in vars(obj).items() if name != "host_out")
@@ -138,6 +138,9 @@ class StubRunner:
     def set_seed(self, seed):
         self.t = 0
 
+    def set_sampling(self, slot, temperature, top_k, top_p):
+        assert slot == 0 and temperature > 0
+
     def prefill(self, slot, ids, start, last):
         assert slot == 0 and start == 0 and last and len(ids) == 16 and max(ids) < self.cfg.vocab_size
 
@@ -147,6 +150,7 @@ class StubRunner:
     def run_step(self, B, replayed=False):
         self.t += 1
         ids = torch.full((B, 5), self.t + (replayed and self.drift and self.t == 3), dtype=torch.int32)
+        ids[1:] = torch.randint(0, 9, (B - 1, 5))                  # padding rows' outputs are not compared
         return ids, torch.ones(B, dtype=torch.int32)
 
     def step(self, slots):
