@@ -12,7 +12,8 @@
 3. Replay check per bucket B: one short prompt prefilled into slot 0 (rows 1 … B−1 padding, whose outputs mean
    nothing), sampled at T 1 / top-k 20 / top-p 0.95, --check-steps steps launched eagerly, row 0's tokens, count
    and logits kept; the same prompt prefilled again (start 0 resets the slot, set_seed the sampler) and as many
-   steps replayed from the graph: both must be bitwise equal (exit 1 otherwise). Then each bucket's replayed step time with all B rows live (CUDA events, median of 10).
+   steps replayed from the graph: both must be bitwise equal (exit 1 otherwise). Then each bucket's replayed
+   step time with all B rows live (CUDA events, median of 10).
 Prints the load, capture and start-up (load + quantise + runner + capture) times; --json writes them all."""
 import argparse
 import json

@@ -127,7 +127,8 @@ def test_capture_plan_table(model_27b, tmp_path, capsys):
     assert "| weights | 14.46 GiB |" in text
     assert "| 64 | 0 |" in text and "graph capture needs CUDA" in text
     report = json.loads(out.read_text())
-    assert report["max_seqs"] == 8 and report["plan"]["context_by_bucket"]["1"] == Fit(qwen38_27b(), load_profile("rtx3090")).max_len(1)
+    assert report["max_seqs"] == 8
+    assert report["plan"]["context_by_bucket"]["1"] == Fit(qwen38_27b(), load_profile("rtx3090")).max_len(1)
 
 
 class StubRunner:
