@@ -23,12 +23,15 @@ The Qwen3.5 checkpoint holds these projections separately and already in this or
 and permutes none. Unfused: GDN out_proj, attention o_proj, MLP down, MTP fc (input [embedding | hidden]). The
 conv weight is [C, K] (the checkpoint's [C, 1, K]).
 
+`build` is prepare's filling loop over any source of rows: tools/random_model.py feeds it generated blocks, so a
+random model passes through the same quantisation as a checkpoint.
+
 save_prepared writes the tensors as safetensors shards (PreparedModel.tensors() names) plus manifest.json (format
-version, source checkpoint and its fingerprint, body, group size, how and when made, tensor → file) and the
-checkpoint's config and tokenizer files, so the directory is all a later start needs; load_prepared checks all
-of it before reading a tensor and errors name the file and tensor (or field) that is wrong. A source checkpoint
-still on disk must be unchanged (config.json's hash, each weight file's size and mtime); one deleted since is not
-asked for."""
+version, source checkpoint and its fingerprint — or {"random": "random, seed N"} —, body, group size, how and when
+made, tensor → file) and the checkpoint's config and tokenizer files, so the directory is all a later start
+needs; load_prepared checks all of it before reading a tensor and errors name the file and tensor (or field) that
+is wrong. A source checkpoint still on disk must be unchanged (config.json's hash, each weight file's size and
+mtime); one deleted since (or random weights: none) is not asked for."""
 import dataclasses
 import hashlib
 import json
@@ -264,16 +267,23 @@ def read_rows(f, key: str, start: int, stop: int) -> torch.Tensor:
     return f.get_slice(key)[start:stop]
 
 
-def _fill(f, path, key, shape, dest, row0, device, on_block):
-    """Stream one checkpoint tensor into its destination, CHUNK_ELEMENTS at a time; on_block(bytes) after each."""
-    rows = shape[0]
-    step = max(1, CHUNK_ELEMENTS // max(1, int(torch.Size(shape[1:]).numel())))
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
+def _file_rows(f, path, key):
+    """rows(start, stop) of a checkpoint tensor, a read failure (truncated or corrupt data) naming file and tensor."""
+    def rows(start, stop):
         try:
-            block = read_rows(f, key, start, stop)
-        except Exception as e:                  # truncated or corrupt data
+            return read_rows(f, key, start, stop)
+        except Exception as e:
             raise CheckpointError(f"{path}: tensor '{key}' could not be read: {e}") from None
+    return rows
+
+
+def _fill(rows, shape, dest, row0, device, on_block):
+    """Stream one source tensor into its destination, CHUNK_ELEMENTS at a time: rows(start, stop) gives a block of
+    its rows (bf16 / fp16 / fp32, any device); on_block(bytes) after each."""
+    step = max(1, CHUNK_ELEMENTS // max(1, int(torch.Size(shape[1:]).numel())))
+    for start in range(0, shape[0], step):
+        stop = min(shape[0], start + step)
+        block = rows(start, stop)
         nbytes = block.numel() * block.element_size()
         block = block.to(device)
         a, b = row0 + start, row0 + stop
@@ -291,6 +301,42 @@ def _fill(f, path, key, shape, dest, row0, device, on_block):
         on_block(nbytes)
 
 
+def build(cfg: ModelConfig, body: str, mtp: bool, device, tensors: dict, sources, progress: Callable = None,
+          where: dict = None) -> PreparedModel:
+    """A PreparedModel of cfg on `device` filled from a source: tensors {parameter name: (shape, source bytes)}
+    (exactly the parameters to fill, a tied head's lm_head left out), sources yielding (name, rows) in any order,
+    rows(start, stop) a block of that parameter's rows — a checkpoint file's (prepare) or generated ones
+    (tools/random_model.py). where: name -> how errors name the tensor (default "tensor 'name'"). progress as
+    prepare's."""
+    if body not in BODIES:
+        raise ValueError(f"body must be one of {BODIES}, got {body!r}")
+    where = where or {}
+    for name, (shape, _) in tensors.items():
+        if body == "int4" and name.rpartition(".")[0].endswith(BODY_LINEARS) and shape[1] % BLOCK_K:
+            raise CheckpointError(f"{where.get(name, f'tensor {name!r}')} has {shape[1]} inputs, not a multiple of "
+                                  f"{BLOCK_K}: the int4 layout cannot hold it (prepare with body='bf16')")
+    prepared = _allocate(cfg, body, mtp, device)
+    targets = _targets(prepared, {n: shape for n, (shape, _) in tensors.items()})
+    assert set(targets) == set(tensors), set(targets) ^ set(tensors)
+
+    report = progress or stderr_progress()
+    total, total_bytes, done, nbytes = len(tensors), sum(n for _, n in tensors.values()), [0], [0]
+
+    def on_block(n):
+        nbytes[0] += n
+        report(done[0], total, nbytes[0], total_bytes)
+
+    with torch.no_grad():
+        for name, rows in sources:
+            dest, row0 = targets[name]
+            _fill(rows, tensors[name][0], dest, row0, device, on_block)
+            done[0] += 1
+            report(done[0], total, nbytes[0], total_bytes)
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()              # the quantiser's temporaries: the memory plan counts what is left
+    return prepared
+
+
 def prepare(model_dir: str, device="cpu", body: str = "int4", progress: Callable = None,
             with_mtp: bool = True) -> PreparedModel:
     """The checkpoint at model_dir as a PreparedModel on `device` (see the module docstring). progress(tensors
@@ -298,34 +344,17 @@ def prepare(model_dir: str, device="cpu", body: str = "int4", progress: Callable
     if body not in BODIES:
         raise ValueError(f"body must be one of {BODIES}, got {body!r}")
     model, found = checked_headers(model_dir, with_mtp, dtypes=SOURCE_DTYPES)
-    sizes = {}
-    for name, (path, key, shape, dtype) in found.items():
-        if body == "int4" and name.rpartition(".")[0].endswith(BODY_LINEARS) and shape[1] % BLOCK_K:
-            raise CheckpointError(f"{path}: tensor '{key}' has {shape[1]} inputs, not a multiple of "
-                                  f"{BLOCK_K}: the int4 layout cannot hold it (prepare with body='bf16')")
-        sizes[name] = torch.Size(shape).numel() * {"F32": 4}.get(dtype, 2)
-    prepared = _allocate(model.cfg, body, model.mtp is not None, device)
-    targets = _targets(prepared, {n: shape for n, (_, _, shape, _) in found.items()})
-    assert set(targets) == set(found), set(targets) ^ set(found)
+    tensors = {name: (shape, torch.Size(shape).numel() * {"F32": 4}.get(dtype, 2))
+               for name, (_, _, shape, dtype) in found.items()}
 
-    report = progress or stderr_progress()
-    total, total_bytes, done, nbytes = len(found), sum(sizes.values()), [0], [0]
-
-    def on_block(n):
-        nbytes[0] += n
-        report(done[0], total, nbytes[0], total_bytes)
-
-    with torch.no_grad():
+    def sources():
         for path, items in by_file(found).items():
             with safe_open(path, framework="pt") as f:
-                for name, key, shape, _ in items:
-                    dest, row0 = targets[name]
-                    _fill(f, path, key, shape, dest, row0, device, on_block)
-                    done[0] += 1
-                    report(done[0], total, nbytes[0], total_bytes)
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()              # the quantiser's temporaries: the memory plan counts what is left
-    return prepared
+                for name, key, _, _ in items:
+                    yield name, _file_rows(f, path, key)
+
+    return build(model.cfg, body, model.mtp is not None, device, tensors, sources(), progress,
+                 where={name: f"{path}: tensor '{key}'" for name, (path, key, _, _) in found.items()})
 
 
 # ------------------------------------------------------------------------------------------------ save / load
@@ -358,11 +387,12 @@ def _write_json(path, obj):
 
 
 def save_prepared(prepared: PreparedModel, out_dir: str, source_dir: str, command: str = None,
-                  shard_bytes: int = SHARD_BYTES) -> str:
+                  shard_bytes: int = SHARD_BYTES, source: dict = None) -> str:
     """Write prepared-XXXXX-of-YYYYY.safetensors (shards of at most shard_bytes, a larger tensor alone), the
     checkpoint's config / tokenizer files, and manifest.json last (a directory without it is not a prepared
-    model). command: how it was made, for the manifest (default: this process's command line). Returns the
-    manifest's path."""
+    model). command: how it was made, for the manifest (default: this process's command line). source: the
+    manifest's source entry (default: source_fingerprint(source_dir); weights made without a checkpoint:
+    {"random": "random, seed N"}, companion files still copied from source_dir). Returns the manifest's path."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, MANIFEST)
     if os.path.exists(path):
@@ -387,7 +417,7 @@ def save_prepared(prepared: PreparedModel, out_dir: str, source_dir: str, comman
         weight_map.update({name: fname for name, _ in items})
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
-        "source": source_fingerprint(source_dir),
+        "source": source if source is not None else source_fingerprint(source_dir),
         "body": prepared.body, "group_size": GROUP, "scale_dtype": DTYPE_NAMES[SCALE_DTYPE],
         "mtp": prepared.mtp is not None,
         "made_by": {"function": "layers.prepared.prepare, save_prepared",
@@ -419,7 +449,8 @@ def read_manifest(prepared_dir: str) -> dict:
     checks = {"body": m.get("body") in BODIES, "group_size": m.get("group_size") == GROUP,
               "scale_dtype": m.get("scale_dtype") == DTYPE_NAMES[SCALE_DTYPE],
               "mtp": isinstance(m.get("mtp"), bool), "weight_map": isinstance(m.get("weight_map"), dict),
-              "source": isinstance(m.get("source"), dict) and isinstance(m["source"].get("path"), str)}
+              "source": isinstance(m.get("source"), dict) and (isinstance(m["source"].get("path"), str)
+                                                             or isinstance(m["source"].get("random"), str))}
     for field, ok in checks.items():
         if not ok:
             raise PreparedError(f"{path}: field '{field}' is {m.get(field)!r}, not what this engine reads")
@@ -429,7 +460,7 @@ def read_manifest(prepared_dir: str) -> dict:
 def _check_source(manifest: dict, path: str):
     """A source checkpoint still present must be the one the weights were made from (gone: nothing to check)."""
     source = manifest["source"]
-    if not os.path.isdir(source["path"]):
+    if "path" not in source or not os.path.isdir(source["path"]):       # random weights, or the source is gone
         return
     now = source_fingerprint(source["path"])
     if now["config_sha256"] != source.get("config_sha256"):

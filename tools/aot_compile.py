@@ -1,5 +1,5 @@
 """Compile every Triton kernel, as its wrapper launches it at the Qwen3.8-27B shapes, for sm_86 (RTX 3090) and
-sm_90 (H100/H200) on a machine without a GPU: `python -m tools.aot_compile`.
+sm_90 (H100/H200) on a machine without a GPU: `python -m tools.aot_compile [86] [90]` (default both).
 
 The interpreter runs the kernels' logic on the CPU but never compiles them, so it misses what only the compiler
 sees: type errors in code paths it takes differently, and launches that need more shared memory than the card has
@@ -228,9 +228,15 @@ def recording(arch):
         JITFunction.run = run
 
 
-def main():
+def main(argv=()):
+    archs = [int(a) for a in argv] or list(TARGETS)
+    unknown = [a for a in archs if a not in TARGETS]
+    if unknown:
+        print(f"no target sm_{unknown[0]}: known {', '.join(map(str, TARGETS))}", file=sys.stderr)
+        return 2
     failures, seen = [], set()
-    for arch, target in TARGETS.items():
+    for arch in archs:
+        target = TARGETS[arch]
         with recording(arch) as recorded:
             for label in launches():
                 for fn, args, kwargs in recorded:
@@ -260,4 +266,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
