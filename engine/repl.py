@@ -58,6 +58,35 @@ def turn_summary(stats) -> str:
     return "[ " + " | ".join(parts) + " ]"
 
 
+class Turns:
+    """A conversation's turns on an engine. On the graph engine (a submit API) each turn keeps its slot and caches
+    (keep_slot) and the next one follows it, so a prompt that extends the last turn's prompt + answer prefills only
+    its new tokens; reset() frees the slot. The eager engine runs each turn from scratch."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.last = None                # the graph engine's request of the last turn, holding its slot
+
+    def generate(self, prompt_ids, max_new_tokens, sampling, **kw):
+        engine = self.engine
+        if not hasattr(engine, "submit"):
+            return engine.generate(prompt_ids, max_new_tokens, sampling, **kw)
+        request = engine.submit(prompt_ids, max_new_tokens, sampling, keep_slot=True, follows=self.last, **kw)
+        self.last = request
+        return engine.wait(request)
+
+    def reset(self):
+        if self.last is not None:
+            self.engine.release(self.last)
+            self.last = None
+
+    def interrupted(self):
+        """Ctrl-C mid-turn, at any point of a step: the graph engine drops everything in flight."""
+        if self.last is not None:
+            self.engine.abort()
+            self.last = None
+
+
 def _read_line(stdin, stdout) -> str | None:
     """One input line without its newline, None at end of input. A real terminal gets line editing (input())."""
     if stdin is sys.stdin and stdin.isatty():
@@ -80,6 +109,7 @@ def run_repl(engine, sampling, *, max_new_tokens: int, enable_thinking: bool = T
         stdin.reconfigure(errors="surrogateescape")     # bytes that are not UTF-8 reach the check below, not a crash
     stdout.write(f"Chatting with {engine.model_dir}. {HELP}\n")
     history: list[dict] = []
+    turns = Turns(engine)
     while True:
         try:
             line = _read_line(stdin, stdout)
@@ -101,6 +131,7 @@ def run_repl(engine, sampling, *, max_new_tokens: int, enable_thinking: bool = T
                 return 0
             if command in ("/reset", "/clear"):
                 history.clear()
+                turns.reset()
                 stdout.write("[ conversation cleared ]\n")
             else:
                 stdout.write(f"unknown command {command}: {HELP}\n")
@@ -114,8 +145,9 @@ def run_repl(engine, sampling, *, max_new_tokens: int, enable_thinking: bool = T
             continue
         stream = EchoStream(engine.tokenizer, stdout, thinking=enable_thinking)
         try:
-            result = engine.generate(prompt_ids, max_new_tokens, sampling, ignore_eos=ignore_eos, on_tokens=stream)
+            result = turns.generate(prompt_ids, max_new_tokens, sampling, ignore_eos=ignore_eos, on_tokens=stream)
         except KeyboardInterrupt:
+            turns.interrupted()
             result = None
         except ValueError as e:         # e.g. the conversation no longer fits the context: /reset helps
             stdout.write(f"error: {e}\n")
