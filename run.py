@@ -78,7 +78,7 @@ def _check_args(p: argparse.ArgumentParser, args):
         p.error(f"{', '.join(ignored)} cannot be used {'without' if not args.batch_file else 'with'} --batch-file")
     if args.model == "":
         p.error("--model must name a checkpoint directory")
-    if args.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         p.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     path_flags = {"graph": [("--profile", args.profile), ("--max-seqs", args.max_seqs), ("--max-len", args.max_len),
                             ("--body", args.body), ("--profile-steps", args.profile_steps)],
@@ -132,7 +132,9 @@ def _load(args):
         from engine.engine import Engine
         return Engine.load(args.model, device=args.device, dtype=args.dtype or "float32",
                            spec_k=4 if args.spec_k is None else args.spec_k, threads=args.threads)
-    from engine.graph_engine import GraphEngine
+    from engine.graph_engine import GraphEngine, profiler_runtime
+    if args.profile_steps:
+        profiler_runtime()                     # missing cuda-python said before the model loads
     engine = GraphEngine.load(args.model, device=args.device, profile=args.profile, spec_k=args.spec_k,
                               max_seqs=args.max_seqs, max_len=args.max_len, body=args.body or "int4")
     t = engine.timings

@@ -351,9 +351,14 @@ class GraphEngine:
         mark each step and prefill chunk with an NVTX range: `nsys profile -c cudaProfilerApi ...`."""
         if torch.device(self.runner.device).type != "cuda":
             raise ValueError("profiling steps needs the CUDA device")
-        try:
-            from cuda.bindings import runtime
-        except ImportError:
-            raise ValueError("profiling steps needs cuda-python (pip install cuda-python): its "
-                             "cuda.bindings.runtime starts and stops the CUDA profiler") from None
-        self.profiler = _Profiler(count, warmup, runtime)
+        self.profiler = _Profiler(count, warmup, profiler_runtime())
+
+
+def profiler_runtime():
+    """cuda-python's runtime bindings (cudaProfilerStart / Stop), or a ValueError saying how to get them."""
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        raise ValueError("profiling steps needs cuda-python (pip install cuda-python): its cuda.bindings.runtime "
+                         "starts and stops the CUDA profiler") from None
+    return runtime

@@ -128,14 +128,21 @@ def test_a_batch_file_runs_as_a_continuous_batch(plain, alone, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_repl_keeps_a_slot_per_conversation(plain):
+def test_the_repl_continues_a_conversation_in_its_slot(load, monkeypatch):
+    """The second turn's prompt continues the first turn's tokens (prompt, answer, the template's end of the turn)
+    and prefills only the rest; /reset frees the slot."""
+    plain = load(spec_k=0, max_len=96)
+    requests = []
+    real = plain.submit
+    monkeypatch.setattr(plain, "submit", lambda *a, **kw: requests.append(real(*a, **kw)) or requests[-1])
     out = io.StringIO()
-    assert run_repl(plain, GREEDY, max_new_tokens=1, stdin=io.StringIO("hi\n/reset\nyo\n"), stdout=out,
+    assert run_repl(plain, GREEDY, max_new_tokens=2, stdin=io.StringIO("hi\nyo\n/reset\n"), stdout=out,
                     enable_thinking=False) == 0
     assert out.getvalue().count("[ Prompt: ") == 2
-    held = [s for s in range(3) if s not in plain.scheduler.free]
-    assert len(held) == 1                        # the last turn's slot, kept for a follow-up
-    plain.abort()
+    first, second = (r.seq for r in requests)
+    assert second.prompt_ids[:len(first.context)] == first.context
+    assert second.cached_prompt_tokens == len(first.context) - 1 and second.slot is None
+    assert sorted(plain.scheduler.free) == [0, 1, 2]
 
 
 class CountingRunner:

@@ -241,3 +241,10 @@ def test_bad_flags_exit_2(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
         run.main(args)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_profile_steps_without_cuda_python_is_said_before_loading(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cuda", None)           # `from cuda.bindings import runtime` fails
+    assert run.main(["--device", "cuda", "--prompt", "x", "--profile-steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: profiling steps needs cuda-python") and err.count("\n") == 1
