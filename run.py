@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "memory plan fits for --max-seqs)")
     p.add_argument("--body", choices=("int4", "bf16"), help="graph engine: body linears of a checkpoint prepared "
                    "at load (default int4; a prepared directory keeps its own)")
-    p.add_argument("--profile-steps", type=int, metavar="N", help="graph engine: after a warm-up, bracket N decode "
-                   "steps with cudaProfilerStart/Stop and NVTX ranges (nsys profile -c cudaProfilerApi)")
+    p.add_argument("--profile-steps", type=int, metavar="N", help="graph engine: after 8 warm-up decode steps, "
+                   "bracket N with cudaProfilerStart/Stop, NVTX ranges around each step and prefill chunk (nsys "
+                   "profile -c cudaProfilerApi --capture-range-end=stop)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--prompt", action="append", help="prompt text; repeat for several prompts")
     mode.add_argument("--interactive", action="store_true", help="multi-turn chat on the terminal")

@@ -136,7 +136,7 @@ def test_the_repl_continues_a_conversation_in_its_slot(load, monkeypatch):
     real = plain.submit
     monkeypatch.setattr(plain, "submit", lambda *a, **kw: requests.append(real(*a, **kw)) or requests[-1])
     out = io.StringIO()
-    assert run_repl(plain, GREEDY, max_new_tokens=2, stdin=io.StringIO("hi\nyo\n/reset\n"), stdout=out,
+    assert run_repl(plain, GREEDY, max_new_tokens=1, stdin=io.StringIO("hi\nyo\n/reset\n"), stdout=out,
                     enable_thinking=False) == 0
     assert out.getvalue().count("[ Prompt: ") == 2
     first, second = (r.seq for r in requests)
