@@ -1,11 +1,16 @@
 """Command line: one-shot generation (`--prompt`, repeatable; `--json` for machine-readable output), an
 interactive chat (`--interactive`) or an OpenAI Batch JSONL file (`--batch-file IN --output OUT`).
 
+On a CUDA machine the graph engine runs (engine/graph_engine.py: CUDA graphs, continuous batching; several
+`--prompt`s run as one batch, printed in order); `--eager`, or `--device cpu`, runs the plain-torch engine
+(engine/engine.py), where `--dtype` and `--threads` apply.
+
 Sampling flags default to the model's generation_config. User errors (missing model, unreadable batch file, bad
 flag) print one line naming what is wrong and exit with status 2, without a traceback. A batch in which a request
 failed runs to the end and exits with status 1, its last stderr line saying how many failed and where their error
 records are."""
 import argparse
+import io
 import json
 import math
 import re
@@ -20,10 +25,22 @@ EXIT_USAGE = 2
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="checkpoint directory (default: the demo model)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--dtype", default="float32", help="weight/activation dtype (default float32)")
-    p.add_argument("--threads", type=int, help="CPU threads (default: 1 for models under 100M parameters unless "
-                   "OMP_NUM_THREADS is set, else torch's default)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when there is one, else cpu)")
+    p.add_argument("--eager", action="store_true", help="on cuda: the plain-torch engine instead of the graph engine")
+    p.add_argument("--dtype", help="eager engine: weight/activation dtype (default float32)")
+    p.add_argument("--threads", type=int, help="eager engine: CPU threads (default: 1 for models under 100M "
+                   "parameters unless OMP_NUM_THREADS is set, else torch's default)")
+    p.add_argument("--profile", metavar="NAME", help="graph engine: hardware profile, profiles/NAME.json (default: "
+                   "rtx3090 on a GPU named so, else h200)")
+    p.add_argument("--max-seqs", type=int, help="graph engine: sequences decoded together at most (default: the "
+                   "profile's largest batch bucket)")
+    p.add_argument("--max-len", type=int, help="graph engine: context tokens per sequence (default: what the "
+                   "memory plan fits for --max-seqs)")
+    p.add_argument("--body", choices=("int4", "bf16"), help="graph engine: body linears of a checkpoint prepared "
+                   "at load (default int4; a prepared directory keeps its own)")
+    p.add_argument("--profile-steps", type=int, metavar="N", help="graph engine: after 8 warm-up decode steps, "
+                   "bracket N with cudaProfilerStart/Stop, NVTX ranges around each step and prefill chunk (nsys "
+                   "profile -c cudaProfilerApi --capture-range-end=stop)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--prompt", action="append", help="prompt text; repeat for several prompts")
     mode.add_argument("--interactive", action="store_true", help="multi-turn chat on the terminal")
@@ -38,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, help="0 = off (default: generation_config)")
     p.add_argument("--top-p", type=float, help="(default: generation_config)")
     p.add_argument("--seed", type=int, help="makes sampling reproducible")
-    p.add_argument("--spec-k", type=int, default=4, help="MTP draft tokens per step; 0 turns drafting off")
+    p.add_argument("--spec-k", type=int, help="MTP draft tokens per step; 0 turns drafting off (default: the "
+                   "profile's on the graph engine, 4 on the eager one)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end tokens: generate exactly N")
     p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     p.add_argument("--system", help="system message for chat prompts")
@@ -63,11 +81,23 @@ def _check_args(p: argparse.ArgumentParser, args):
         p.error("--model must name a checkpoint directory")
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         p.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    path_flags = {"graph": [("--profile", args.profile), ("--max-seqs", args.max_seqs), ("--max-len", args.max_len),
+                            ("--body", args.body), ("--profile-steps", args.profile_steps)],
+                  "eager": [("--dtype", args.dtype), ("--threads", args.threads)]}
+    wrong = [f for f, v in path_flags["eager" if _graph(args) else "graph"] if v is not None]
+    if wrong:
+        where = ("the graph engine (on cuda; give --eager for the plain-torch engine)" if _graph(args) else
+                 "the plain-torch engine (--eager or --device cpu): they are graph engine flags")
+        p.error(f"{', '.join(wrong)} cannot be used with {where}")
+    for flag, value in (("--max-seqs", args.max_seqs), ("--max-len", args.max_len), ("--profile-steps",
+                                                                                     args.profile_steps)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be >= 1, got {args.threads}")
     if args.max_new_tokens < 1:
         p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not 0 <= args.spec_k <= MAX_SPEC_K:
+    if args.spec_k is not None and not 0 <= args.spec_k <= MAX_SPEC_K:
         p.error(f"--spec-k must be in [0, {MAX_SPEC_K}], got {args.spec_k}")
     if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature >= 0):
         p.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
@@ -86,6 +116,35 @@ def _check_args(p: argparse.ArgumentParser, args):
                 p.error("--prompt must not be empty")
             if not is_utf8(text):
                 p.error(f"{flag} is not valid UTF-8")
+
+
+def _default_device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _graph(args) -> bool:
+    """The graph engine runs: on cuda unless --eager."""
+    return args.device.startswith("cuda") and not args.eager
+
+
+def _load(args):
+    if not _graph(args):
+        from engine.engine import Engine
+        return Engine.load(args.model, device=args.device, dtype=args.dtype or "float32",
+                           spec_k=4 if args.spec_k is None else args.spec_k, threads=args.threads)
+    from engine.graph_engine import GraphEngine, profiler_runtime
+    if args.profile_steps:
+        profiler_runtime()                     # missing cuda-python said before the model loads
+    engine = GraphEngine.load(args.model, device=args.device, profile=args.profile, spec_k=args.spec_k,
+                              max_seqs=args.max_seqs, max_len=args.max_len, body=args.body or "int4")
+    t = engine.timings
+    print(f"[ graph engine: profile {engine.profile['name']}, {engine.max_seqs} sequences x {engine.max_len} tokens, "
+          f"spec_k {engine.spec_k}; loaded in {t['load_s']:.1f} s, graphs captured in {t['capture_s']:.1f} s ]",
+          file=sys.stderr, flush=True)
+    if args.profile_steps:
+        engine.profile_steps(args.profile_steps)
+    return engine
 
 
 def _sampling(args, defaults):
@@ -111,24 +170,55 @@ def _peak_memory_line(device: str) -> str:
     return ""
 
 
+def _print_json(engine, prompt: str, ids: list, result):
+    print(json.dumps({"prompt": prompt, "prompt_tokens": len(ids), "token_ids": result.token_ids,
+                      "text": engine.tokenizer.decode(result.token_ids), "finish_reason": result.finish_reason,
+                      "stats": result.stats.as_dict()}, ensure_ascii=False), flush=True)
+
+
+def _print_human(args, text: str, result):
+    """The mlx-style block: the generated text (already written when streamed: text None) and the speeds."""
+    from engine.repl import mtp_summary
+    if text is not None:
+        print(f"==========\n{text}", end="", flush=True)
+    s = result.stats
+    print("==========\n"
+          f"Prompt: {s.prompt_tokens} tokens, {s.prompt_tokens_per_second:.3f} tokens-per-sec\n"
+          f"Generation: {s.generated} tokens, {s.tokens_per_second:.3f} tokens-per-sec"
+          + (f"\nMTP accept: {mtp_summary(s)}" if s.drafted else "")
+          + (f"\nStep: {s.step_ms:.3f} ms" if s.step_ms is not None else "") + _peak_memory_line(args.device),
+          flush=True)
+
+
 def _one_shot(engine, args, prompt: str, ids: list, sampling):
-    from engine.repl import EchoStream, mtp_summary
+    from engine.repl import EchoStream
     if args.json:
-        result = engine.generate(ids, args.max_new_tokens, sampling, ignore_eos=args.ignore_eos)
-        print(json.dumps({"prompt": prompt, "prompt_tokens": len(ids), "token_ids": result.token_ids,
-                          "text": engine.tokenizer.decode(result.token_ids), "finish_reason": result.finish_reason,
-                          "stats": result.stats.as_dict()}, ensure_ascii=False), flush=True)
+        _print_json(engine, prompt, ids, engine.generate(ids, args.max_new_tokens, sampling,
+                                                         ignore_eos=args.ignore_eos))
         return
     print("==========", flush=True)
     stream = EchoStream(engine.tokenizer, sys.stdout, thinking=not (args.raw or args.no_think))
     result = engine.generate(ids, args.max_new_tokens, sampling, ignore_eos=args.ignore_eos, on_tokens=stream)
     stream.finish()
     stream.end_line()
-    s = result.stats
-    print("==========\n"
-          f"Prompt: {s.prompt_tokens} tokens, {s.prompt_tokens_per_second:.3f} tokens-per-sec\n"
-          f"Generation: {s.generated} tokens, {s.tokens_per_second:.3f} tokens-per-sec"
-          + (f"\nMTP accept: {mtp_summary(s)}" if s.drafted else "") + _peak_memory_line(args.device), flush=True)
+    _print_human(args, None, result)
+
+
+def _together(engine, args, prompts: list, sampling):
+    """Several prompts as one continuous batch on the graph engine; each printed in order once all are done."""
+    from engine.repl import EchoStream
+    texts = [io.StringIO() for _ in prompts]
+    streams = [EchoStream(engine.tokenizer, text, thinking=not (args.raw or args.no_think)) for text in texts]
+    results = engine.generate_many([dict(prompt_ids=ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                                         ignore_eos=args.ignore_eos, on_tokens=None if args.json else stream)
+                                    for (_, ids), stream in zip(prompts, streams)])
+    for (prompt, ids), stream, text, result in zip(prompts, streams, texts, results):
+        if args.json:
+            _print_json(engine, prompt, ids, result)
+            continue
+        stream.finish()
+        stream.end_line()
+        _print_human(args, text.getvalue(), result)
 
 
 def _user_error(e) -> int:
@@ -149,7 +239,7 @@ def _run_batch(engine, args, sampling) -> int:
 
 
 def _run_prompts(engine, args, sampling) -> int:
-    limit = engine.model.cfg.max_position_embeddings
+    limit = engine.max_context
     prompts = []
     for n, prompt in enumerate(args.prompt, 1):        # every prompt checked before the first is answered
         try:
@@ -157,27 +247,30 @@ def _run_prompts(engine, args, sampling) -> int:
         except ValueError as e:
             return _user_error(e)
         if len(ids) + args.max_new_tokens > limit:
-            return _user_error(f"--prompt {n}: {len(ids)} tokens + --max-new-tokens {args.max_new_tokens} exceed the "
-                               f"model's max_position_embeddings ({limit})")
+            return _user_error(f"--prompt {n}: {len(ids)} tokens + --max-new-tokens {args.max_new_tokens} exceed "
+                               f"{engine.max_context_name} ({limit})")
         prompts.append((prompt, ids))
-    for prompt, ids in prompts:
-        try:
-            _one_shot(engine, args, prompt, ids, sampling)
-        except ValueError as e:              # the engine refuses the prompt (a token id outside the vocabulary)
-            return _user_error(e)
+    try:
+        if len(prompts) > 1 and hasattr(engine, "generate_many"):
+            _together(engine, args, prompts, sampling)
+        else:
+            for prompt, ids in prompts:
+                _one_shot(engine, args, prompt, ids, sampling)
+    except ValueError as e:                  # the engine refuses the prompt (a token id outside the vocabulary)
+        return _user_error(e)
     return 0
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.device is None:
+        args.device = _default_device()
     _check_args(parser, args)
     try:
-        from engine.engine import Engine
         from engine.repl import run_repl
         try:
-            engine = Engine.load(args.model, device=args.device, dtype=args.dtype, spec_k=args.spec_k,
-                               threads=args.threads)
+            engine = _load(args)
         except (ValueError, OSError) as e:   # FileNotFoundError included: a wrong --model is a user error
             return _user_error(e)
         sampling = _sampling(args, engine.defaults)

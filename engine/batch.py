@@ -3,8 +3,9 @@
 Every input line is validated up front (JSON, envelope, body parameters, duplicate custom_ids: the first line with
 an id runs, each later one fails); a bad line becomes an error record for its custom_id (or its line number) and the
 others still run. Errors name the field the request wrote (`body.max_completion_tokens`), never the engine's own
-parameter names. Requests run one at a time in input order and each result is appended and flushed as soon as it
-finishes, so a rerun after a crash loses nothing: it skips the requests that already have a result and runs every
+parameter names. On the graph engine (engine/graph_engine.py) up to max_seqs requests run at once, a new one
+joining as soon as one finishes (continuous batching); the eager engine runs them one at a time in input order.
+Each result is appended and flushed as soon as its request finishes, so a rerun after a crash loses nothing: it skips the requests that already have a result and runs every
 other line again, the failed ones included (a 400 whose line was fixed since, a 500 the engine may not repeat). At
 the end of a completed run the error records it superseded are taken out and each file is put back in input order,
 so every line has one record; the failures left are this run's, `failed` of the summary."""
@@ -210,30 +211,61 @@ def _timings(stats, started: float, first_token_at: float | None) -> dict:
             "draft_n": stats.drafted, "draft_n_accepted": stats.accepted}
 
 
-def run_request(engine, request: Request, think_end_id: int | None) -> tuple[dict, object]:
-    """Generate one request; returns the response body and the GenerationStats."""
-    stream = TextStream(engine.tokenizer, stops=request.stops,
-                        think_end_id=think_end_id if request.url == CHAT_URL else None)
-    started = time.perf_counter()
-    result = engine.generate(request.prompt_ids, request.max_tokens, request.sampling, ignore_eos=request.ignore_eos,
-                             on_tokens=stream, logprobs=request.logprobs)
-    reasoning, answer = stream.finish()
-    finish_reason = "stop" if stream.cut is not None else result.finish_reason
-    stats = result.stats
-    common = {"created": int(time.time()), "model": request.model or os.path.basename(engine.model_dir.rstrip("/")),
-              "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated,
-                        "total_tokens": stats.prompt_tokens + stats.generated},
-              "timings": _timings(stats, started, stream.first_token_at)}
-    if request.url == COMPLETIONS_URL:
-        logprobs = None if result.logprobs is None else completion_logprobs(engine.tokenizer, result.logprobs)
-        choice = {"index": 0, "text": answer, "logprobs": logprobs, "finish_reason": finish_reason}
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "choices": [choice], **common}, stats
-    if reasoning is None and request.thinking and think_end_id is not None:
-        reasoning, answer = answer, None           # cut off inside the reasoning block: all of it is reasoning
-    message = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
-    logprobs = None if result.logprobs is None else chat_logprobs(engine.tokenizer, result.logprobs)
-    choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "choices": [choice], **common}, stats
+@dataclass
+class Job:
+    """A parsed request on its way through the engine: its input line, the TextStream its tokens go to (stop
+    strings, the reasoning split), when it started."""
+    line: "InputLine"
+    request: Request
+    stream: TextStream
+    started: float
+
+    @classmethod
+    def start(cls, engine, line: "InputLine", defaults: RequestDefaults, think_end_id: int | None) -> "Job":
+        request = parse_request(engine, line.record, defaults)
+        stream = TextStream(engine.tokenizer, stops=request.stops,
+                            think_end_id=think_end_id if request.url == CHAT_URL else None)
+        return cls(line, request, stream, time.perf_counter())
+
+    def generation(self) -> tuple[list, int, SamplingParams, dict]:
+        """The arguments of engine.generate (and GraphEngine.submit) for this request."""
+        r = self.request
+        return r.prompt_ids, r.max_tokens, r.sampling, dict(ignore_eos=r.ignore_eos, on_tokens=self.stream,
+                                                             logprobs=r.logprobs)
+
+    @contextlib.contextmanager
+    def refusals(self):
+        """The engine refusing the request (a ValueError, e.g. a prompt longer than its context) as a RequestError
+        naming the body fields."""
+        try:
+            yield
+        except ValueError as e:
+            raise RequestError(_in_request_terms(str(e), self.request.url, self.line.record["body"])) from None
+
+    def response(self, engine, result) -> tuple[dict, object]:
+        """The response body for the engine's GenerationResult, and its GenerationStats."""
+        request, stream = self.request, self.stream
+        reasoning, answer = stream.finish()
+        finish_reason = "stop" if stream.cut is not None else result.finish_reason
+        stats = result.stats
+        common = {"created": int(time.time()),
+                  "model": request.model or os.path.basename(engine.model_dir.rstrip("/")),
+                  "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated,
+                            "total_tokens": stats.prompt_tokens + stats.generated},
+                  "timings": _timings(stats, self.started, stream.first_token_at)}
+        if request.url == COMPLETIONS_URL:
+            logprobs = None if result.logprobs is None else completion_logprobs(engine.tokenizer, result.logprobs)
+            choice = {"index": 0, "text": answer, "logprobs": logprobs, "finish_reason": finish_reason}
+            return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "choices": [choice],
+                    **common}, stats
+        think_end_id = stream.think_end_id
+        if reasoning is None and request.thinking and think_end_id is not None:
+            reasoning, answer = answer, None           # cut off inside the reasoning block: all of it is reasoning
+        message = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
+        logprobs = None if result.logprobs is None else chat_logprobs(engine.tokenizer, result.logprobs)
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "choices": [choice],
+                **common}, stats
 
 
 def _record(custom_id, status: int | None, body=None, error: dict | None = None) -> dict:
@@ -563,25 +595,32 @@ def run_batch(engine, in_path: str, out_path: str, defaults: RequestDefaults, *,
     out = _open_append(out_path)
     errors = _open_append(errors_path) if errors_path else out
     progress = Progress(len(todo), log)
-    first_new = {}                             # per file: the input position of the first record this run added
+    first_new = {}                             # per file: the least input position of a record this run added
+    last_new, disordered = {}, set()           # per file: the last one; files this run wrote out of input order
+    records = _continuous if hasattr(engine, "submit") else _one_at_a_time
     started = time.perf_counter()
     try:
-        for n, line in enumerate(todo, 1):
-            record = _run_line(engine, line, defaults, think_end_id, summary, separate_errors=errors is not out)
+        for n, (line, record) in enumerate(records(engine, todo, defaults, think_end_id, summary,
+                                               separate_errors=errors is not out), 1):
             failed = record["error"] is not None
             target = errors if failed else out
             target.write(json.dumps(record, ensure_ascii=False) + "\n")
             target.flush()
-            first_new.setdefault(errors_path if failed and errors_path else out_path, line.number)   # _position
+            path = errors_path if failed and errors_path else out_path
+            first_new[path] = min(first_new.get(path, math.inf), line.number)      # _position
+            if line.number < last_new.get(path, 0):
+                disordered.add(path)
+            last_new[path] = line.number
             progress.update(n)
     finally:
         summary.elapsed = time.perf_counter() - started
         out.close()
         if errors is not out:
             errors.close()
-    for path, f in found.items():              # todo runs in input order: only a record put before one kept
-        if f.stale or f.last is None or first_new.get(path, f.last) < f.last:     # from an earlier run is out
-            _finish_file(path, numbers, f.stale)                                   # of place
+    for path, f in found.items():              # a record put before one kept from an earlier run, or this run's
+        if (f.stale or f.last is None or first_new.get(path, f.last) < f.last     # out of input order (requests
+                or path in disordered):                                            # finishing out of turn)
+            _finish_file(path, numbers, f.stale)
     log.write(summary.format() + "\n")
     if summary.failed:
         log.write(summary.failures(errors_path or out_path) + "\n")
@@ -618,8 +657,10 @@ def _in_request_terms(message: str, url: str, body: dict) -> str:
     return text
 
 
-def _run_line(engine, line: InputLine, defaults: RequestDefaults, think_end_id, summary: BatchSummary, *,
-              separate_errors: bool) -> dict:
+def _outcome(line: InputLine, summary: BatchSummary, separate_errors: bool, work) -> dict | None:
+    """The record of `line`: work() -> (body, stats) makes a 200; None: the request is on its way (no record yet);
+    a line refused when read, a ValueError (a RequestError, the tokenizer refusing a message) or any other
+    exception (the engine's fault: one broken request must not end the batch) a failure record."""
     def failure(status: int, code: str, message: str) -> dict:
         if status == 400:
             summary.bad_input += 1
@@ -630,14 +671,67 @@ def _run_line(engine, line: InputLine, defaults: RequestDefaults, think_end_id, 
     if line.error:
         return failure(400, "invalid_request", line.error)
     try:
-        request = parse_request(engine, line.record, defaults)
-        try:
-            body, stats = run_request(engine, request, think_end_id)
-        except ValueError as e:    # the engine refusing the request, e.g. a prompt longer than its context
-            raise RequestError(_in_request_terms(str(e), request.url, line.record["body"])) from None
-    except ValueError as e:        # RequestError, or the tokenizer refusing a message
+        done = work()
+    except ValueError as e:
         return failure(400, "invalid_request", f"line {line.number}: {e}")
-    except Exception as e:         # one broken request must not end the batch
+    except Exception as e:
         return failure(500, "internal_error", f"line {line.number}: {type(e).__name__}: {e}")
+    if done is None:
+        return None
+    body, stats = done
     summary.add(stats)
     return _record(line.custom_id, 200, body)
+
+
+def _run_line(engine, line: InputLine, defaults: RequestDefaults, think_end_id, summary: BatchSummary, *,
+              separate_errors: bool) -> dict:
+    """One line on an engine that generates one request at a time (engine/engine.Engine): its record."""
+    def work():
+        job = Job.start(engine, line, defaults, think_end_id)
+        prompt_ids, max_tokens, sampling, kw = job.generation()
+        with job.refusals():
+            result = engine.generate(prompt_ids, max_tokens, sampling, **kw)
+        return job.response(engine, result)
+    return _outcome(line, summary, separate_errors, work)
+
+
+def _one_at_a_time(engine, todo: list, defaults, think_end_id, summary, *, separate_errors: bool):
+    """(line, record) for each line, in input order, each run to its end before the next starts."""
+    for line in todo:
+        yield line, _run_line(engine, line, defaults, think_end_id, summary, separate_errors=separate_errors)
+
+
+def _continuous(engine, todo: list, defaults, think_end_id, summary, *, separate_errors: bool):
+    """(line, record) for each line as its request completes, on an engine with a submit / step API
+    (engine/graph_engine.GraphEngine): up to engine.max_seqs requests in flight, a new one submitted as soon as
+    one finishes. A step that fails fails every request in flight (500s) and the engine starts afresh."""
+    jobs = {}                                  # the engine's Request -> Job
+    lines = iter(todo)
+    line = next(lines, None)
+    while line is not None or jobs:
+        while line is not None and len(jobs) < engine.max_seqs:
+            def submit(line=line):
+                job = Job.start(engine, line, defaults, think_end_id)
+                prompt_ids, max_tokens, sampling, kw = job.generation()
+                with job.refusals():
+                    jobs[engine.submit(prompt_ids, max_tokens, sampling, **kw)] = job
+            record = _outcome(line, summary, separate_errors, submit)
+            if record is not None:
+                yield line, record
+            line = next(lines, None)
+        if not jobs:
+            continue
+        try:
+            finished = engine.step()
+        except Exception as e:
+            engine.abort()
+            failed, jobs = list(jobs.values()), {}
+            for job in failed:
+                def fail(e=e):
+                    raise e
+                yield job.line, _outcome(job.line, summary, separate_errors, fail)
+            continue
+        for request in finished:
+            job = jobs.pop(request)
+            yield job.line, _outcome(job.line, summary, separate_errors,
+                                     lambda: job.response(engine, request.result))

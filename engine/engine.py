@@ -29,9 +29,22 @@ def choose_threads(model, device: str, threads: int | None) -> int:
     return torch.get_num_threads()
 
 
+def check_model_dir(model_dir: str):
+    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+        raise ConfigError(f"--model {model_dir!r} is a file, not a model directory")
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(f"model directory {model_dir!r} does not exist")
+
+
 class Engine:
+    """The eager plain-torch path. cfg: the ModelConfig; max_context: prompt + generated tokens a request may
+    reach (max_context_name says what bounds it)."""
+    max_context_name = "the model's max_position_embeddings"
+
     def __init__(self, model, tokenizer: Tokenizer, defaults: GenerationDefaults, spec_k: int, model_dir: str):
         self.model, self.tokenizer, self.defaults, self.model_dir = model, tokenizer, defaults, model_dir
+        self.cfg = model.cfg
+        self.max_context = self.cfg.max_position_embeddings
         self.spec_k = spec_k if model.mtp is not None else 0
         self.generator = Generator(model)
 
@@ -40,10 +53,7 @@ class Engine:
              threads: int | None = None) -> "Engine":
         """threads: torch's CPU threads (None: choose_threads decides)."""
         model_dir = model_dir or DEMO_MODEL
-        if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-            raise ConfigError(f"--model {model_dir!r} is a file, not a model directory")
-        if not os.path.isdir(model_dir):
-            raise FileNotFoundError(f"model directory {model_dir!r} does not exist")
+        check_model_dir(model_dir)
         if dtype not in DTYPES:
             raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         if spec_k < 0:
@@ -64,7 +74,7 @@ class Engine:
                  ) -> GenerationResult:
         stops = () if ignore_eos else (self.defaults.stop_ids if stop_ids is None else stop_ids)
         k = self.spec_k if spec_k is None else spec_k                     # the generator drops it without MTP
-        vocab = self.model.cfg.vocab_size
+        vocab = self.cfg.vocab_size
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id(s) {bad[:5]} outside the model's vocabulary (size {vocab})")

@@ -27,6 +27,7 @@ class GenerationStats:
     accepted_per_position: list = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    step_ms: float | None = None       # the graph engine: mean time of the decode steps the sequence was in
 
     def count_round(self, drafted: int, accepted: int):
         """One verify round: `drafted` drafts proposed, the first `accepted` of them output (accepted drafts past a
@@ -57,7 +58,8 @@ class GenerationStats:
                 "tokens_per_step": round(self.tokens_per_step, 3),
                 "prefill_seconds": round(self.prefill_seconds, 4), "decode_seconds": round(self.decode_seconds, 4),
                 "prompt_tokens_per_second": round(self.prompt_tokens_per_second, 2),
-                "tokens_per_second": round(self.tokens_per_second, 2)}
+                "tokens_per_second": round(self.tokens_per_second, 2),
+                **({} if self.step_ms is None else {"step_ms": round(self.step_ms, 3)})}
 
 
 @dataclass

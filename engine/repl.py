@@ -58,6 +58,58 @@ def turn_summary(stats) -> str:
     return "[ " + " | ".join(parts) + " ]"
 
 
+class Turns:
+    """A conversation's turns on an engine. The eager engine runs each turn on the chat template's rendering of the
+    whole conversation. On the graph engine (a submit API) each turn keeps its slot and caches (keep_slot) and the
+    next one follows it, its prompt continuing the last turn's tokens: the answer as generated (its reasoning
+    block too, which a re-rendered history would drop, changing tokens the caches hold), the template's end of
+    that turn, then the new turn as the template renders it; so only the new turn prefills. Where the template
+    does not render turns that way, the whole conversation is rendered and prefills afresh in the kept slot.
+    reset() frees the slot."""
+    MARK = "\ue000"                     # stands in for an answer when finding how the template closes a turn
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.last = None                # the graph engine's request of the last turn, holding its slot
+
+    def prompt_ids(self, messages: list[dict], enable_thinking: bool) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        if self.last is None:
+            return chat_prompt_ids(tokenizer, messages, enable_thinking)
+        render = lambda turns, generation: tokenizer.apply_chat_template(   # noqa: E731
+            turns, add_generation_prompt=generation, enable_thinking=enable_thinking)
+        new_turn = render(messages[-1:], True)
+        closed = render([messages[-1], {"role": "assistant", "content": self.MARK}], False)
+        closing = closed[closed.index(self.MARK) + len(self.MARK):]          # e.g. "<|im_end|>\n"
+        whole = render(messages, True)
+        if not whole.endswith(closing + new_turn):
+            return tokenizer.encode(whole)
+        seq = self.last.seq
+        end = tokenizer.decode(seq.output_ids[-1:], skip_special_tokens=False)
+        if seq.finish_reason == "stop" and end and closing.startswith(end):     # the answer's stop token
+            closing = closing[len(end):]
+        return seq.prompt_ids + seq.output_ids + tokenizer.encode(closing + new_turn)
+
+    def generate(self, prompt_ids, max_new_tokens, sampling, **kw):
+        engine = self.engine
+        if not hasattr(engine, "submit"):
+            return engine.generate(prompt_ids, max_new_tokens, sampling, **kw)
+        request = engine.submit(prompt_ids, max_new_tokens, sampling, keep_slot=True, follows=self.last, **kw)
+        self.last = request
+        return engine.wait(request)
+
+    def reset(self):
+        if self.last is not None:
+            self.engine.release(self.last)
+            self.last = None
+
+    def interrupted(self):
+        """Ctrl-C mid-turn, at any point of a step: the graph engine drops everything in flight."""
+        if self.last is not None:
+            self.engine.abort()
+            self.last = None
+
+
 def _read_line(stdin, stdout) -> str | None:
     """One input line without its newline, None at end of input. A real terminal gets line editing (input())."""
     if stdin is sys.stdin and stdin.isatty():
@@ -80,6 +132,7 @@ def run_repl(engine, sampling, *, max_new_tokens: int, enable_thinking: bool = T
         stdin.reconfigure(errors="surrogateescape")     # bytes that are not UTF-8 reach the check below, not a crash
     stdout.write(f"Chatting with {engine.model_dir}. {HELP}\n")
     history: list[dict] = []
+    turns = Turns(engine)
     while True:
         try:
             line = _read_line(stdin, stdout)
@@ -101,6 +154,7 @@ def run_repl(engine, sampling, *, max_new_tokens: int, enable_thinking: bool = T
                 return 0
             if command in ("/reset", "/clear"):
                 history.clear()
+                turns.reset()
                 stdout.write("[ conversation cleared ]\n")
             else:
                 stdout.write(f"unknown command {command}: {HELP}\n")
@@ -108,14 +162,15 @@ def run_repl(engine, sampling, *, max_new_tokens: int, enable_thinking: bool = T
         system_turn = [{"role": "system", "content": system}] if system else []
         user_turn = {"role": "user", "content": text}
         try:
-            prompt_ids = chat_prompt_ids(engine.tokenizer, system_turn + history + [user_turn], enable_thinking)
+            prompt_ids = turns.prompt_ids(system_turn + history + [user_turn], enable_thinking)
         except ValueError as e:
             stdout.write(f"error: {e}\n")
             continue
         stream = EchoStream(engine.tokenizer, stdout, thinking=enable_thinking)
         try:
-            result = engine.generate(prompt_ids, max_new_tokens, sampling, ignore_eos=ignore_eos, on_tokens=stream)
+            result = turns.generate(prompt_ids, max_new_tokens, sampling, ignore_eos=ignore_eos, on_tokens=stream)
         except KeyboardInterrupt:
+            turns.interrupted()
             result = None
         except ValueError as e:         # e.g. the conversation no longer fits the context: /reset helps
             stdout.write(f"error: {e}\n")

@@ -132,10 +132,12 @@ class Scheduler:
 
     def finish(self, seq: Sequence, keep: int | None = None):
         """End an active sequence as the caller decides ("stop": e.g. a stop string its text matched), keeping its
-        first `keep` generated tokens (default all). Caches holding tokens past the kept context are not reusable:
+        first `keep` generated tokens (default all); or cut a finished one's output back to `keep` tokens (a stop
+        string before the stop id that ended it). Caches holding tokens past the kept context are not reusable:
         num_cached drops to 0 (a follow-up turn prefills from scratch). Between steps only."""
         self._between_steps("finish")
-        if seq.status not in (Status.PREFILLING, Status.RUNNING):
+        cut = seq.status is Status.FINISHED and keep is not None and keep < len(seq.output_ids)
+        if seq.status not in (Status.PREFILLING, Status.RUNNING) and not cut:
             raise ValueError(f"sequence {seq.seq_id!r} is {seq.status.value}: only an active one can be finished")
         if keep is not None:
             if not 0 <= keep <= len(seq.output_ids):

@@ -231,8 +231,20 @@ def test_unreadable_batch_file_exits_2(capsys, model_dir, tmp_path, args, messag
     (["--prompt", "x", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
     (["--prompt", "x", "--threads", "0"], "--threads must be >= 1"),
     (["--prompt", "x", "--model", ""], "--model must name a checkpoint directory"),
+    (["--prompt", "x", "--device", "cpu", "--max-seqs", "2", "--body", "bf16"],
+     "--max-seqs, --body cannot be used with the plain-torch engine"),
+    (["--prompt", "x", "--eager", "--profile-steps", "3"], "--profile-steps cannot be used with the plain-torch"),
+    (["--prompt", "x", "--device", "cuda", "--dtype", "bfloat16"], "--dtype cannot be used with the graph engine"),
+    (["--prompt", "x", "--device", "cuda", "--max-len", "0"], "--max-len must be >= 1"),
 ])
 def test_bad_flags_exit_2(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
         run.main(args)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_profile_steps_without_cuda_python_is_said_before_loading(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cuda", None)           # `from cuda.bindings import runtime` fails
+    assert run.main(["--device", "cuda", "--prompt", "x", "--profile-steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: profiling steps needs cuda-python") and err.count("\n") == 1
