@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 from kernels.attention.common import PART_EXTRA
+from kernels.int4 import MAX_ROWS
 from kernels.sampler.common import Config as SamplerConfig
 from layers.config import MAX_SPEC_K, ModelConfig
 
@@ -109,14 +110,15 @@ def _sampler_bytes(rows: int, vocab: int) -> int:
 
 
 def runner_parts(cfg: ModelConfig, max_seqs: int, max_len: int, spec_k: int, max_prefill: int,
-                 kv_dtype: str = "fp8_e4m3", num_sms: int = 132) -> dict:
+                 kv_dtype: str = "fp8_e4m3", num_sms: int = 132, draft_vocab: int = None) -> dict:
     """Bytes graphs/buffers.Buffers allocates for these runner arguments, by kind: kv (attention layers, the MTP
     layer's when spec_k > 0), state (GDN state pools and conv windows), logits (target and draft, fp32),
     activations (row buffers for max(S·(k+1), max_prefill) rows, rope tables, attention partials, the GDN
-    prefill workspace), tables (per-slot and per-step), sampler (its workspaces). num_sms: the profile's "sms"
-    (the attention partials are sized by it)."""
+    prefill workspace, the int4 linears' int64 sums), tables (per-slot and per-step), sampler (its workspaces).
+    num_sms: the profile's "sms" (the attention partials are sized by it); draft_vocab: the drafts' head rows
+    (default: the vocabulary)."""
     S, k, H, V = max_seqs, spec_k, cfg.hidden_size, cfg.vocab_size
-    T = k + 1
+    Vd, T = draft_vocab or V, k + 1
     cap = -(-(max_len + T) // 64) * 64
     R = max(S * T, max_prefill)
     hq, hkv, d, rd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim
@@ -128,23 +130,24 @@ def runner_parts(cfg: ModelConfig, max_seqs: int, max_len: int, spec_k: int, max
     nseg = max(1, min(64, 2 * num_sms // hkv))
     n = -(-max_prefill // GDN_CHUNK) * GDN_CHUNK
     acts = (2 * R * (5 * H + n_proj + C + max(hv * dv, hq * d) + 2 * hq * d + hkv * d + 3 * I) + 4 * (cap + R) * rd
-            + 4 * S * hq * T * nseg * (d + PART_EXTRA) + hv * n * (2 * dk + 2 * dv + 4 * GDN_CHUNK))
+            + 4 * S * hq * T * nseg * (d + PART_EXTRA) + hv * n * (2 * dk + 2 * dv + 4 * GDN_CHUNK)
+            + 8 * MAX_ROWS * (n_proj + 2 * H + 2 * I))
     tables = 4 * (S + 1) * (6 + T) + 2 * (S + 1) * T * H + 4 * S * (18 + 3 * T) + 4 * T + 12 * R + 32
     sampler = _sampler_bytes(S, V)
     if k:
         acts += 2 * R * 6 * H + 2 * S * (T + 1) * H
         tables += 4 * S * (1 + 5 * k)
-        sampler += (_sampler_bytes(S * T, V) + _sampler_bytes(S * k, V) + 8 * S * _blocks(V)
-                    + 4 * (S * T + 2 * S + 1))
+        sampler += (_sampler_bytes(S, Vd) + _sampler_bytes(S * T, V) + _sampler_bytes(S * k, Vd)
+                    + 8 * S * _blocks(V) + 4 * (S * T + 2 * S + 1))
     return {"kv": attn * (2 * S * hkv * cap * d * BYTES[kv_dtype] + (8 * hkv if BYTES[kv_dtype] == 1 else 0)),
             "state": gdn * (2 * S * T * hv * dk * dv + 2 * S * C * (K - 1 + k)),
-            "logits": 4 * S * T * V + 4 * S * k * V, "activations": acts, "tables": tables, "sampler": sampler}
+            "logits": 4 * S * T * V + 4 * S * k * Vd, "activations": acts, "tables": tables, "sampler": sampler}
 
 
 def runner_bytes(cfg: ModelConfig, max_seqs: int, max_len: int, spec_k: int, max_prefill: int,
-                 kv_dtype: str = "fp8_e4m3", num_sms: int = 132) -> int:
+                 kv_dtype: str = "fp8_e4m3", num_sms: int = 132, draft_vocab: int = None) -> int:
     """Every static buffer of a ModelRunner(prepared, max_seqs, max_len, spec_k, max_prefill), in bytes."""
-    return sum(runner_parts(cfg, max_seqs, max_len, spec_k, max_prefill, kv_dtype, num_sms).values())
+    return sum(runner_parts(cfg, max_seqs, max_len, spec_k, max_prefill, kv_dtype, num_sms, draft_vocab).values())
 
 
 def _largest(fits, hi: int) -> int:
