@@ -10,14 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import engine.graph_engine as graph_engine
 from engine.batch import RequestDefaults, run_batch
 from engine.graph_engine import GraphEngine
 from engine.repl import run_repl
 from engine.sampling import SamplingParams
 from engine.tokenizer import GenerationDefaults
 from tests.fixtures import make_tiny_checkpoint
-from tests.runner_stand_in import StandInRunner
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = [[40, 41, 42, 43, 44, 45], [100, 7, 9, 200, 31], [250, 12, 12, 60, 61, 62, 63]]
@@ -31,14 +29,10 @@ def load(tmp_path_factory):
     model_dir = make_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny")))
     profile = tmp_path_factory.mktemp("profiles") / "test.json"
     profile.write_text(json.dumps(PROFILE))
-    mp = pytest.MonkeyPatch()
-    mp.setattr(graph_engine, "ModelRunner", StandInRunner)
-
     def load(**kw):
         return GraphEngine.load(model_dir, device="cpu", profile=str(profile), body="bf16", graphs=False,
                                 progress=lambda *a: None, **{"max_seqs": 3, "max_len": 48, **kw})
-    yield load
-    mp.undo()
+    return load
 
 
 @pytest.fixture(scope="module")
