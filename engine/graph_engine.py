@@ -33,7 +33,7 @@ from engine.tokenizer import Tokenizer, load_generation_defaults
 from graphs.plan import load_profile, plan
 from graphs.runner import ModelRunner
 from layers.config import MAX_SPEC_K
-from layers.prepared import MANIFEST, load_prepared, prepare
+from layers.prepared import MANIFEST, load_draft_vocab, load_prepared, prepare
 
 PREFILL_CHUNK = 1024               # prompt tokens per prefill chunk when the profile names none
 KV_DTYPES = {"fp8_e4m3": torch.uint8, "bfloat16": torch.bfloat16}
@@ -138,7 +138,8 @@ class GraphEngine:
              spec_k: int | None = None, max_seqs: int | None = None, max_len: int | None = None,
              body: str = "int4", graphs: bool = True, progress: Callable | None = None) -> "GraphEngine":
         """model_dir: a checkpoint (prepared on the device: int4 or bf16 body) or a prepared directory (its
-        manifest.json; loaded as saved). profile: profiles/<name>.json (default detect_profile). spec_k: the
+        manifest.json; loaded as saved); either may hold a reduced draft vocabulary (layers.prepared.DRAFT_VOCAB),
+        which the MTP then drafts from. profile: profiles/<name>.json (default detect_profile). spec_k: the
         profile's by default; 0 without MTP weights. max_seqs: the largest batch bucket by default. max_len:
         default_max_len. graphs: capture a CUDA graph per bucket (CUDA only). progress: prepare's callback
         (default: a line on stderr)."""
@@ -177,7 +178,8 @@ class GraphEngine:
                              "sequences, or a smaller spec_k, leave more memory to each)")
         runner = ModelRunner(prepared, max_seqs, max_len, spec_k=k,
                              max_prefill=prof.get("prefill_chunk", PREFILL_CHUNK),
-                             kv_dtype=KV_DTYPES[prof["kv_dtype"]], device=device)
+                             kv_dtype=KV_DTYPES[prof["kv_dtype"]], device=device,
+                             draft_tokens=load_draft_vocab(model_dir, cfg.vocab_size) if k else None)
         timings = {"load_s": time.perf_counter() - started, "capture_s": 0.0}
         if graphs and torch.device(device).type == "cuda":
             started = time.perf_counter()

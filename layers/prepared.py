@@ -57,8 +57,9 @@ SOURCE_DTYPES = ("F32", "F16", "BF16")     # checkpoint dtypes prepare reads
 SCALE_DTYPE = torch.float16
 CHUNK_ELEMENTS = 1 << 23          # source elements quantised at a time (8M: ~0.4 GB of quantiser temporaries)
 SHARD_BYTES = 2 << 30             # a saved shard's size limit (host memory while saving: one shard)
+DRAFT_VOCAB = "draft_vocab.safetensors"   # a reduced draft vocabulary: tensor "used_tokens" (load_draft_vocab)
 COMPANIONS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "chat_template.jinja")      # copied beside the prepared weights
+              "special_tokens_map.json", "chat_template.jinja", DRAFT_VOCAB)      # copied beside the prepared weights
 BODY_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj", "q_proj", "k_proj", "v_proj",
                 "o_proj", "gate_proj", "up_proj", "down_proj", "fc")
 DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int32: "I32",
@@ -518,6 +519,29 @@ def load_prepared(prepared_dir: str, device="cpu") -> PreparedModel:
                     raise PreparedError(f"{path}: tensor '{key}' could not be read: {e}") from None
                 expected[key].copy_(tensor)
     return prepared
+
+
+def load_draft_vocab(model_dir: str, vocab_size: int) -> Optional[torch.Tensor]:
+    """The reduced draft vocabulary of a checkpoint or prepared directory (QUANT.md §5), or None without one:
+    DRAFT_VOCAB's tensor "used_tokens", the target ids the MTP drafts from (int32 / int64 [Vd], sorted, distinct,
+    in [0, vocab_size)); the draft head is those rows of the lm_head. Errors name the file and tensor."""
+    path = os.path.join(model_dir, DRAFT_VOCAB)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with safe_open(path, framework="pt") as f:
+            if "used_tokens" not in f.keys():
+                raise PreparedError(f"{path}: no tensor 'used_tokens' (the draft vocabulary's target ids)")
+            ids = f.get_tensor("used_tokens")
+    except SafetensorError as e:
+        raise PreparedError(f"{path}: not a readable safetensors file: {e}") from None
+    if ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 1 or not len(ids):
+        raise PreparedError(f"{path}: tensor 'used_tokens' must be a non-empty 1-D int32/int64 tensor, got "
+                            f"{ids.dtype} {tuple(ids.shape)}")
+    ids = ids.long()
+    if not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
+        raise PreparedError(f"{path}: tensor 'used_tokens' must hold sorted distinct token ids in [0, {vocab_size})")
+    return ids
 
 
 def main(argv=None):

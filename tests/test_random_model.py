@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from layers.config import ModelConfig
-from layers.prepared import load_prepared, read_manifest
+from layers.prepared import PreparedError, load_draft_vocab, load_prepared, read_manifest
 from tests.fixtures import BASE, write_tokenizer
 from tools.random_model import main, make, random_prepared
 
@@ -28,7 +28,8 @@ def test_saves_and_loads_back_bitwise(tmp_path, config):
     tok.mkdir()
     write_tokenizer(str(tok), TINY["vocab_size"])
     out = str(tmp_path / "random")
-    make(out, config, seed=3, tokenizer_dir=str(tok), progress=QUIET)
+    make(out, config, seed=3, tokenizer_dir=str(tok), progress=QUIET, draft_vocab=7)
+    assert load_draft_vocab(out, TINY["vocab_size"]).tolist() == list(range(7))
     m = read_manifest(out)
     assert m["source"] == {"random": "random, seed 3"} and m["body"] == "int4" and m["mtp"]
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
@@ -64,3 +65,17 @@ def test_errors_and_tokenizer_mode(tmp_path, config, capsys):
     assert main(["--write-tokenizer", str(tmp_path / "qwen")]) == 0
     from tokenizers import Tokenizer
     assert Tokenizer.from_file(str(tmp_path / "qwen" / "tokenizer.json")).get_vocab_size() == 248077
+
+
+def test_draft_vocab_errors_name_the_file(tmp_path):
+    from safetensors.torch import save_file
+    assert load_draft_vocab(str(tmp_path), 10) is None
+    path = tmp_path / "draft_vocab.safetensors"
+    for tensors, why in (({"ids": torch.arange(3)}, "no tensor 'used_tokens'"),
+                         ({"used_tokens": torch.ones(3)}, "1-D int32/int64"),
+                         ({"used_tokens": torch.tensor([0, 2, 2])}, "sorted distinct"),
+                         ({"used_tokens": torch.tensor([0, 10])}, r"\[0, 10\)")):
+        save_file(tensors, str(path))
+        with pytest.raises(PreparedError, match=why) as e:
+            load_draft_vocab(str(tmp_path), 10)
+        assert str(path) in str(e.value)

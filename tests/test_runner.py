@@ -197,6 +197,20 @@ def test_mtp_greedy_equals_plain_and_generate(tiny):
     assert same >= 6, (plain, want)
 
 
+@pytest.mark.slow
+def test_reduced_draft_vocabulary_keeps_greedy_output(tiny):
+    """Drafts from a reduced draft vocabulary (the lm_head's rows of some ids, mapped back through d2t): the
+    verify decides, so greedy output is k = 0's."""
+    prepared, _, ids = tiny
+    prompt = ids[:8]
+    plain, _ = greedy(runner(prepared, k=0), 0, prompt, 10)
+    used = sorted(set(plain) | set(range(0, prepared.cfg.vocab_size, 3)))
+    r = ModelRunner(prepared, 2, 64, spec_k=2, max_prefill=16, kv_dtype=torch.bfloat16, draft_tokens=used)
+    assert greedy(r, 1, prompt, 10)[0] == plain
+    with pytest.raises(ValueError, match="sorted distinct"):
+        ModelRunner(prepared, 2, 64, spec_k=2, max_prefill=16, draft_tokens=[3, 1])
+
+
 @pytest.fixture(scope="module")
 def demo():
     prepared = prepare(DEMO, "cpu", body="int4", progress=lambda *a: None)

