@@ -7,8 +7,9 @@
    runner's other buffers at S x L, and per batch bucket the longest context that fits; a configuration that
    does not fit fails here, before anything is allocated, saying what would (exit 2).
 2. CUDA only (elsewhere it stops after the plan, exit 0): with the process held to the profile's memory
-   (a 24 GiB profile on a bigger GPU gets that fraction of it), the model is loaded (a prepared directory) or
-   prepared (a checkpoint), ModelRunner(prepared, S, L, k, prefill chunk) built and every bucket <= S captured.
+   (a 24 GiB profile on a bigger GPU gets that fraction of it), the graph engine is loaded as run.py loads it
+   (engine/graph_engine.GraphEngine.load: a prepared directory loaded, a checkpoint prepared, the runner built
+   for S x L and every bucket captured).
 3. Replay check per bucket B: one short prompt prefilled into slot 0 (rows 1 … B−1 padding, whose outputs mean
    nothing), sampled at T 1 / top-k 20 / top-p 0.95, --check-steps steps launched eagerly, row 0's tokens, count
    and logits kept; the same prompt prefilled again (start 0 resets the slot, set_seed the sampler) and as many
@@ -17,13 +18,12 @@
 Prints the load, capture and start-up (load + quantise + runner + capture) times; --json writes them all."""
 import argparse
 import json
-import os
 import statistics
 import sys
-import time
 
 from graphs.plan import Fit, load_profile, plan, runner_parts
 from layers.config import ConfigError, ModelConfig
+from layers.prepared import saved_weight_bytes
 
 PROMPT_TOKENS = 16             # the checks' prompt: any ids (the check compares two runs of the same)
 TIMED_STEPS, WARMUP_STEPS = 10, 3
@@ -35,15 +35,6 @@ def prompt(cfg) -> list:
 
 def gib(n) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def weight_bytes(model_dir: str, cfg, profile, body: str) -> int:
-    """A prepared directory's weights as saved (exact), a checkpoint's as the plan estimates them for `body`."""
-    from layers.prepared import MANIFEST, read_manifest
-    if os.path.exists(os.path.join(model_dir, MANIFEST)):
-        files = set(read_manifest(model_dir)["weight_map"].values())
-        return sum(os.path.getsize(os.path.join(model_dir, f)) for f in files)
-    return plan(cfg, profile, weight_bits=16 if body == "bf16" else 4.25).weight_bytes
 
 
 def print_plan(cfg, profile, fit: Fit, max_seqs: int, max_len: int) -> dict:
@@ -105,29 +96,26 @@ def step_ms(runner, B: int) -> float:
     return statistics.median(times)
 
 
-def capture(args, cfg, profile, fit: Fit, max_seqs: int, max_len: int) -> dict:
+def capture(args, profile, max_seqs: int, max_len: int) -> dict:
+    """Module docstring, 2 and 3: the engine loaded as run.py loads it, then the checks on its runner."""
     import torch
-    from graphs.runner import ModelRunner
-    from layers.prepared import MANIFEST, load_prepared, prepare
+    from engine.graph_engine import GraphEngine
     total = torch.cuda.get_device_properties(0).total_memory
     fraction = profile["memory_gib"] * 2**30 / total
     if fraction < 1:
         torch.cuda.set_per_process_memory_fraction(fraction)
     print(f"\n{torch.cuda.get_device_name()}: held to {min(fraction, 1):.3f} of {gib(total)}")
-    t0 = time.perf_counter()
-    prepared_dir = os.path.exists(os.path.join(args.model, MANIFEST))
-    prepared = load_prepared(args.model, "cuda") if prepared_dir else prepare(args.model, "cuda", body=args.body)
-    torch.cuda.synchronize()
-    t1 = time.perf_counter()
-    runner = ModelRunner(prepared, max_seqs, max_len, spec_k=fit.k, max_prefill=fit.chunk)
-    buckets = sorted((b for b in profile["batch_buckets"] if b <= max_seqs), reverse=True)
-    seconds = runner.capture(buckets)
-    t2 = time.perf_counter()
-    print(f"{'loaded' if prepared_dir else 'prepared'} in {t1 - t0:.1f} s; runner + capture of buckets "
-          f"{buckets} in {t2 - t1:.1f} s; start-up {t2 - t0:.1f} s; peak {gib(torch.cuda.max_memory_allocated())}")
+    engine = GraphEngine.load(args.model, "cuda", profile=args.profile, spec_k=args.spec_k, max_seqs=max_seqs,
+                              max_len=max_len, body=args.body)
+    runner, t = engine.runner, engine.timings
+    seconds = t["capture_s_by_bucket"]
+    print(f"loaded in {t['load_s']:.1f} s; capture of buckets {sorted(seconds, reverse=True)} in "
+          f"{t['capture_s']:.1f} s; start-up {t['load_s'] + t['capture_s']:.1f} s; peak "
+          f"{gib(torch.cuda.max_memory_allocated())}")
     print("\n| batch | capture s | replay check | step ms |\n|---|---|---|---|")
-    result = {"load_s": t1 - t0, "capture_s": seconds, "startup_s": t2 - t0, "replay_ok": {}, "step_ms": {}}
-    for B in buckets:
+    result = {"load_s": t["load_s"], "capture_s": seconds, "startup_s": t["load_s"] + t["capture_s"],
+              "replay_ok": {}, "step_ms": {}}
+    for B in sorted(seconds, reverse=True):
         result["replay_ok"][B] = replay_check(runner, B, args.check_steps)
         result["step_ms"][B] = step_ms(runner, B)
         print(f"| {B} | {seconds[B]:.2f} | {'ok' if result['replay_ok'][B] else 'FAILED'} | "
@@ -156,7 +144,7 @@ def main(argv=None):
                             ("--check-steps", args.check_steps)):
             if value is not None and value < (0 if flag == "--spec-k" else 1):
                 raise ValueError(f"{flag} must be {'>= 0' if flag == '--spec-k' else '>= 1'}, got {value}")
-        fit = Fit(cfg, profile, spec_k=args.spec_k, weight_bytes=weight_bytes(args.model, cfg, profile, args.body))
+        fit = Fit(cfg, profile, spec_k=args.spec_k, weight_bytes=saved_weight_bytes(args.model), body=args.body)
         max_len = args.max_len or min(16384, cfg.max_position_embeddings)
         max_seqs = args.max_seqs or max([b for b in profile["batch_buckets"] if fit.fits(b, max_len)] or [1])
         need = PROMPT_TOKENS + (max(args.check_steps, WARMUP_STEPS + TIMED_STEPS) + 1) * (fit.k + 1)
@@ -173,7 +161,7 @@ def main(argv=None):
           f"{profile['memory_gib']} GiB")
     import torch
     if torch.cuda.is_available():
-        report.update(capture(args, cfg, profile, fit, max_seqs, max_len))
+        report.update(capture(args, profile, max_seqs, max_len))
     else:
         print("graph capture needs CUDA: stopping after the plan")
     if args.json:

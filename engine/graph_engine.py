@@ -30,10 +30,10 @@ from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer, load_generation_defaults
-from graphs.plan import load_profile, plan
+from graphs.plan import Fit, load_profile
 from graphs.runner import ModelRunner
-from layers.config import MAX_SPEC_K
-from layers.prepared import MANIFEST, load_draft_vocab, load_prepared, prepare
+from layers.config import MAX_SPEC_K, ModelConfig
+from layers.prepared import MANIFEST, load_draft_vocab, load_prepared, prepare, saved_weight_bytes
 
 PREFILL_CHUNK = 1024               # prompt tokens per prefill chunk when the profile names none
 KV_DTYPES = {"fp8_e4m3": torch.uint8, "bfloat16": torch.bfloat16}
@@ -51,18 +51,6 @@ def buckets_for(profile: dict, max_seqs: int) -> list:
     """The batch sizes a step runs at: the profile's below max_seqs, then max_seqs (the runner steps at most
     max_seqs rows)."""
     return sorted({b for b in profile["batch_buckets"] if b < max_seqs} | {max_seqs})
-
-
-def default_max_len(cfg, profile: dict, max_seqs: int, device) -> int:
-    """Context tokens a slot holds: graphs.plan's MemoryPlan.max_tokens for max_seqs sequences on the profile's
-    memory, or on what the device has (free memory now, the weights already loaded, plus the plan's estimate of
-    them) where that is less; at most max_position_embeddings."""
-    mp = plan(cfg, profile)
-    memory = int(profile["memory_gib"] * 2**30)
-    if torch.device(device).type == "cuda":
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        memory = min(memory, free + mp.weight_bytes)
-    return mp.max_tokens(memory, max_seqs)
 
 
 @dataclass(eq=False)
@@ -141,8 +129,10 @@ class GraphEngine:
         manifest.json; loaded as saved); either may hold a reduced draft vocabulary (layers.prepared.DRAFT_VOCAB),
         which the MTP then drafts from. profile: profiles/<name>.json (default detect_profile). spec_k: the
         profile's by default; 0 without MTP weights. max_seqs: the largest batch bucket by default. max_len:
-        default_max_len. graphs: capture a CUDA graph per bucket (CUDA only). progress: prepare's callback
-        (default: a line on stderr)."""
+        the longest that fits (graphs.plan.Fit: the weights, the runner's buffers and a reserve in the profile's
+        memory or the device's free memory, whichever is less); a configuration that does not fit fails before
+        anything is allocated, saying what would. graphs: capture a CUDA graph per bucket (CUDA only).
+        progress: prepare's callback (default: a line on stderr)."""
         model_dir = model_dir or DEMO_MODEL
         check_model_dir(model_dir)
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
@@ -160,30 +150,34 @@ class GraphEngine:
         started = time.perf_counter()
         tokenizer = Tokenizer.from_dir(model_dir)
         defaults = load_generation_defaults(model_dir, tokenizer)
+        cfg = ModelConfig.from_dir(model_dir)
+        k = prof["spec_k"] if spec_k is None else spec_k
+        max_seqs = max_seqs or largest
+        limit = cfg.max_position_embeddings
+        if max_len is not None and max_len > limit:
+            raise ValueError(f"max_len {max_len} exceeds the model's max_position_embeddings ({limit})")
+        chunk = prof.get("prefill_chunk", PREFILL_CHUNK)
+        free = torch.cuda.mem_get_info(torch.device(device))[0] if torch.device(device).type == "cuda" else None
+        fit = Fit(cfg, prof, spec_k=k, prefill_chunk=chunk, weight_bytes=saved_weight_bytes(model_dir), body=body,
+                  memory_bytes=free)
+        if max_len is None:                           # the longest that fits (else check() says what would)
+            max_len = fit.max_len(max_seqs) or k + 3
+        fit.check(max_seqs, max_len)                  # before anything is allocated
+        if max_len < k + 3:
+            raise ValueError(f"max_len {max_len}: a slot must hold a prompt token and a round of {k + 1} (fewer "
+                             "sequences, or a smaller spec_k, leave more memory to each)")
         if os.path.isfile(os.path.join(model_dir, MANIFEST)):
             prepared = load_prepared(model_dir, device)
         else:
             prepared = prepare(model_dir, device, body=body, progress=progress)
-        cfg = prepared.cfg
-        k = prof["spec_k"] if spec_k is None else spec_k
         k = k if prepared.mtp is not None else 0
-        max_seqs = max_seqs or largest
-        limit = cfg.max_position_embeddings
-        if max_len is None:
-            max_len = min(default_max_len(cfg, prof, max_seqs, device), limit)
-        elif max_len > limit:
-            raise ValueError(f"max_len {max_len} exceeds the model's max_position_embeddings ({limit})")
-        if max_len < k + 3:
-            raise ValueError(f"max_len {max_len}: a slot must hold a prompt token and a round of {k + 1} (fewer "
-                             "sequences, or a smaller spec_k, leave more memory to each)")
-        runner = ModelRunner(prepared, max_seqs, max_len, spec_k=k,
-                             max_prefill=prof.get("prefill_chunk", PREFILL_CHUNK),
+        runner = ModelRunner(prepared, max_seqs, max_len, spec_k=k, max_prefill=chunk,
                              kv_dtype=KV_DTYPES[prof["kv_dtype"]], device=device,
                              draft_tokens=load_draft_vocab(model_dir, cfg.vocab_size) if k else None)
-        timings = {"load_s": time.perf_counter() - started, "capture_s": 0.0}
+        timings = {"load_s": time.perf_counter() - started, "capture_s": 0.0, "capture_s_by_bucket": {}}
         if graphs and torch.device(device).type == "cuda":
             started = time.perf_counter()
-            runner.capture(buckets_for(prof, max_seqs))
+            timings["capture_s_by_bucket"] = runner.capture(buckets_for(prof, max_seqs))
             timings["capture_s"] = time.perf_counter() - started
         return cls(runner, tokenizer, defaults, model_dir, prof, timings)
 

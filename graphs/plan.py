@@ -68,17 +68,10 @@ def _check_profile(path: str, profile):
 
 @dataclass
 class MemoryPlan:
+    """The plan's per-model figures (Fit turns them, with the runner's buffers, into what fits)."""
     weight_bytes: int
     state_bytes_per_seq: int           # recurrent state slots + conv windows of every GDN layer
     kv_bytes_per_token: int            # target attention layers + the MTP layer
-    max_context: int | None = None     # the model's max_position_embeddings: no sequence is planned longer
-
-    def max_tokens(self, memory_bytes: int, batch: int, reserve: float = 0.1) -> int:
-        """Context tokens per sequence that fit at this batch size, keeping `reserve` of memory for activations,
-        at most max_context."""
-        free = memory_bytes * (1 - reserve) - self.weight_bytes - batch * self.state_bytes_per_seq
-        fit = max(0, int(free // (batch * self.kv_bytes_per_token)))
-        return fit if self.max_context is None else min(fit, self.max_context)
 
 
 def plan(cfg: ModelConfig, profile: dict, weight_bits: float = 4.25) -> MemoryPlan:
@@ -95,7 +88,7 @@ def plan(cfg: ModelConfig, profile: dict, weight_bits: float = 4.25) -> MemoryPl
     conv = 2 * cfg.linear_conv_dim * (cfg.linear_conv_kernel_dim - 1 + k)
     kv = BYTES[profile["kv_dtype"]] * 2 * cfg.num_key_value_heads * cfg.head_dim * attn_layers
     return MemoryPlan(weight_bytes=int(body * weight_bits / 8 + heads), state_bytes_per_seq=gdn_layers * ((k + 1) * state + conv),
-                      kv_bytes_per_token=kv, max_context=cfg.max_position_embeddings)
+                      kv_bytes_per_token=kv)
 
 
 def _blocks(vocab: int) -> int:
@@ -164,12 +157,17 @@ class Fit:
     buffers + RESERVE_BYTES. spec_k / prefill_chunk default to the profile's."""
 
     def __init__(self, cfg: ModelConfig, profile: dict, spec_k: int = None, prefill_chunk: int = None,
-                 weight_bytes: int = None):
+                 weight_bytes: int = None, body: str = "int4", memory_bytes: int = None):
+        """weight_bytes: the weights' size where known (a prepared directory's files), else the plan's estimate
+        for `body` (int4 or bf16 body linears); memory_bytes: less than the profile's (a smaller device)."""
         self.cfg, self.profile = cfg, profile
         self.k = profile["spec_k"] if spec_k is None else spec_k
         self.chunk = profile["prefill_chunk"] if prefill_chunk is None else prefill_chunk
-        self.weights = plan(cfg, profile).weight_bytes if weight_bytes is None else weight_bytes
+        bits = 16 if body == "bf16" else 4.25
+        self.weights = plan(cfg, profile, weight_bits=bits).weight_bytes if weight_bytes is None else weight_bytes
         self.memory = int(profile["memory_gib"] * 2**30)
+        if memory_bytes is not None:
+            self.memory = min(self.memory, memory_bytes)
 
     def runner(self, max_seqs: int, max_len: int) -> int:
         return runner_bytes(self.cfg, max_seqs, max_len, self.k, self.chunk, self.profile["kv_dtype"],
@@ -198,7 +196,7 @@ class Fit:
         raise ValueError(
             f"max_seqs {max_seqs} x max_len {max_len} (spec_k {self.k}, prefill chunk {self.chunk}) needs "
             f"{gib(need)} GiB (weights {gib(self.weights)}, runner buffers {gib(self.runner(max_seqs, max_len))}, "
-            f"reserve {gib(RESERVE_BYTES)}), more than {self.profile['name']}'s {self.profile['memory_gib']} GiB: "
+            f"reserve {gib(RESERVE_BYTES)}), more than the {gib(self.memory)} GiB of {self.profile['name']}: "
             + (f"at max_seqs {max_seqs} at most max_len {by_len} fits" if by_len else
                f"no max_len fits at max_seqs {max_seqs}")
             + (f"; at max_len {max_len} at most max_seqs {by_seqs}" if by_seqs else

@@ -521,6 +521,15 @@ def load_prepared(prepared_dir: str, device="cpu") -> PreparedModel:
     return prepared
 
 
+def saved_weight_bytes(model_dir: str) -> Optional[int]:
+    """A prepared directory's weights as saved (the bytes load_prepared puts on the device); None for a
+    checkpoint (no manifest)."""
+    if not os.path.isfile(os.path.join(model_dir, MANIFEST)):
+        return None
+    files = set(read_manifest(model_dir)["weight_map"].values())
+    return sum(os.path.getsize(os.path.join(model_dir, f)) for f in files)
+
+
 def load_draft_vocab(model_dir: str, vocab_size: int) -> Optional[torch.Tensor]:
     """The reduced draft vocabulary of a checkpoint or prepared directory (QUANT.md §5), or None without one:
     DRAFT_VOCAB's tensor "used_tokens", the target ids the MTP drafts from (int32 / int64 [Vd], sorted, distinct,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.batch import RequestDefaults, run_batch
+import engine.graph_engine as graph_engine
 from engine.graph_engine import GraphEngine
 from engine.repl import run_repl
 from engine.sampling import SamplingParams
@@ -19,7 +20,7 @@ from tests.fixtures import make_tiny_checkpoint
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = [[40, 41, 42, 43, 44, 45], [100, 7, 9, 200, 31], [250, 12, 12, 60, 61, 62, 63]]
-PROFILE = {"name": "test", "memory_gib": 1, "bandwidth_GBps": 1, "spec_k": 0, "kv_dtype": "fp8_e4m3",
+PROFILE = {"name": "test", "memory_gib": 2, "bandwidth_GBps": 1, "spec_k": 0, "kv_dtype": "fp8_e4m3",
            "state_dtype": "float16", "batch_buckets": [4, 2, 1], "prefill_chunk": 8, "prefill_budget": 8}
 
 
@@ -29,10 +30,20 @@ def load(tmp_path_factory):
     model_dir = make_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny")))
     profile = tmp_path_factory.mktemp("profiles") / "test.json"
     profile.write_text(json.dumps(PROFILE))
-    def load(**kw):
-        return GraphEngine.load(model_dir, device="cpu", profile=str(profile), body="bf16", graphs=False,
+
+    def load(profile=str(profile), **kw):
+        return GraphEngine.load(model_dir, device="cpu", profile=profile, body="bf16", graphs=False,
                                 progress=lambda *a: None, **{"max_seqs": 3, "max_len": 48, **kw})
     return load
+
+
+def test_a_plan_that_does_not_fit_fails_before_loading(load, tmp_path, monkeypatch):
+    """1 GiB is all reserve: nothing fits, and nothing is prepared or allocated before the error says so."""
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({**PROFILE, "memory_gib": 1}))
+    monkeypatch.setattr(graph_engine, "prepare", lambda *a, **k: pytest.fail("prepared before the fit check"))
+    with pytest.raises(ValueError, match="more than the 1.00 GiB of test: no max_len fits at max_seqs 3"):
+        load(profile=str(small))
 
 
 @pytest.fixture(scope="module")

@@ -18,16 +18,16 @@ def test_27b_plan_matches_the_reference_budget():
     assert p.weight_bytes / 2**30 == pytest.approx(14.4, abs=0.1)              # QUANT.md §7: ≈ 14.4 GiB
     assert p.state_bytes_per_seq / 2**20 == pytest.approx(360 + 6.6, abs=1)    # 5 fp16 slots + widened conv
     assert p.kv_bytes_per_token == (16 + 1) * 2 * 4 * 256                      # fp8, target + MTP layer
-    assert p.max_tokens(24 * 2**30, 64) < p.max_tokens(24 * 2**30, 1)
+    fit = Fit(qwen38_27b(), load_profile("rtx3090"))
+    assert fit.max_len(64) < fit.max_len(1)
 
 
 def test_context_is_capped_at_the_models_limit(capsys):
     """The demo model (max_position_embeddings 8192) was planned 30 million tokens of context at one sequence."""
     from engine.engine import DEMO_MODEL
     cfg = ModelConfig.from_dir(DEMO_MODEL)
-    p = plan(cfg, load_profile("rtx3090"))
-    assert p.max_tokens(24 * 2**30, 1) == cfg.max_position_embeddings == 8192
-    assert plan(qwen38_27b(), load_profile("rtx3090")).max_tokens(24 * 2**30, 64) < 8192
+    assert Fit(cfg, load_profile("rtx3090")).max_len(1) == cfg.max_position_embeddings == 8192
+    assert Fit(qwen38_27b(), load_profile("rtx3090")).max_len(64) < 8192
     assert main([]) == 0
     assert "| 1 | 8,192 (max_position_embeddings) |" in capsys.readouterr().out
 
