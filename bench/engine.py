@@ -159,12 +159,15 @@ def part_step(args, peak) -> list:
     from bench.harness import time_us
     from bench.step import Step, tokens_per_step
     from graphs.runner import ModelRunner
-    from layers.prepared import load_prepared
+    from layers.prepared import load_draft_vocab, load_prepared
     from tools.targets import row
     prepared = load_prepared(args.model, "cuda")
+    draft = load_draft_vocab(args.model, prepared.cfg.vocab_size)     # the engine's draft head (None: the lm_head)
+    draft_vocab = prepared.cfg.vocab_size if draft is None else len(draft)
     rows = []
     for k in args.ks:
-        runner = ModelRunner(prepared, 1, args.ctx + 512, spec_k=k, max_prefill=2048)
+        runner = ModelRunner(prepared, 1, args.ctx + 512, spec_k=k, max_prefill=2048,
+                             draft_tokens=draft if k else None)
         runner.capture([1])
         fill_context(runner, args.ctx)
         steps = []
@@ -192,7 +195,7 @@ def part_step(args, peak) -> list:
         for _ in range(20):                           # the phases in order: together a step
             for name, graph in phases.items():
                 phase_ms[name].append(time_graph_ms(graph, reps=1))
-        chain = Step(1, k, args.ctx, prepared.cfg.vocab_size, cfg=prepared.cfg)
+        chain = Step(1, k, args.ctx, draft_vocab, cfg=prepared.cfg)
         chain_us = time_us(chain.step, reps=2, trials=5)
         step_us = statistics.median(steps) * 1e3
         tokens = tokens_per_step(k, args.accept)

@@ -83,14 +83,16 @@ class Buffers:
         self.mtp_start = torch.zeros(S, **i32)
         self.mtp_ids = torch.zeros(S, T, **i32)
         self.t0 = torch.zeros(S, **i32)
-        self.arange_T = torch.arange(T, **i32)
+        self.arange = torch.arange(R, **i32)
         self.arange_rows = torch.arange(S, **i32) * T
         self.gather_idx = torch.zeros(S, dtype=torch.int64, device=device)
         self.new_len = torch.zeros(S, **i32)
         self.positions = torch.zeros(R, dtype=torch.int64, device=device)
         self.prefill_slots = torch.zeros(2, **i32)              # [initial, final] GDN slot of a prefill chunk
         self.prefill_row = torch.zeros(1, **i32)
-        self.prefill_len = torch.zeros(1, **i32)
+        self.prefill_start, self.prefill_len, self.prefill_mtp_len, self.prefill_acc = (torch.zeros(1, **i32)
+                                                                                       for _ in range(4))
+        self.mtp_prefill_ids = torch.zeros(max_prefill, **i32)
         self.ids = torch.zeros(R, **i32)
 
         cos, sin = rope_tables(torch.arange(self.cap, device=device), cfg.rotary_dim, cfg.rope_theta, torch.bfloat16)

@@ -244,7 +244,8 @@ def test_bad_flags_exit_2(capsys, args, message):
 
 
 def test_profile_steps_without_cuda_python_is_said_before_loading(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "cuda", None)           # `from cuda.bindings import runtime` fails
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime"):      # `from cuda.bindings import runtime` fails
+        monkeypatch.setitem(sys.modules, name, None)
     assert run.main(["--device", "cuda", "--prompt", "x", "--profile-steps", "2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: profiling steps needs cuda-python") and err.count("\n") == 1

@@ -120,6 +120,9 @@ def test_chunked_prefill_equals_one_pass(tiny):
     for chunks in ([3, 5, 2], [1, 9]):
         got = teacher_forced(runner(prepared), 0, ids, 10, chunks)
         assert max(rel_err(g, w) for g, w in zip(got, one)) < 0.02, chunks
+    pieces = runner(prepared)
+    pieces.prefill_pieces = True                     # as on CUDA: 10 tokens as passes of 8 and 2
+    assert max(rel_err(g, w) for g, w in zip(teacher_forced(pieces, 0, ids, 10), one)) < 0.02
 
 
 def test_slots_do_not_disturb_each_other(tiny):
@@ -267,3 +270,21 @@ def test_follow_up_turn_continues_the_caches(tiny):
     for mine, theirs in zip(r.buf.mtp_kv[:2], fresh_runner.buf.mtp_kv[:2]):
         assert rel_err(mine[0, :, :n], theirs[0, :, :n]) < 0.03
     assert r.step([0])[0].tolist() == fresh_runner.step([0])[0].tolist()
+
+
+@pytest.mark.slow
+def test_prefill_pieces_with_drafting_keep_greedy_output(tiny):
+    """Prompts prefilled as power-of-two passes (CUDA's way), in two chunks, with MTP rows per pass: k = 2 emits
+    k = 0's greedy tokens."""
+    prepared, _, ids = tiny
+    prompt, out = ids[:11], {}
+    for k in (0, 2):
+        r = runner(prepared, k=k)
+        r.prefill_pieces = True
+        r.prefill(0, prompt[:7], 0, next_id=prompt[7])                     # passes of 4, 2, 1
+        tokens = [int(r.prefill(0, prompt[7:], 7, last=True)[1][0])]        # 4
+        while len(tokens) < 8:
+            r.step([0])
+            tokens += r.fetch(1).wait()[0]
+        out[k] = tokens[:8]
+    assert out[2] == out[0]
