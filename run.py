@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="NAME", help="graph engine: hardware profile, profiles/NAME.json (default: "
                    "rtx3090 on a GPU named so, else h200)")
     p.add_argument("--max-seqs", type=int, help="graph engine: sequences decoded together at most (default: the "
-                   "profile's largest batch bucket)")
+                   "number of --prompts, 1 for --interactive, the profile's largest batch bucket for a batch file)")
     p.add_argument("--max-len", type=int, help="graph engine: context tokens per sequence (default: what the "
                    "memory plan fits for --max-seqs)")
     p.add_argument("--body", choices=("int4", "bf16"), help="graph engine: body linears of a checkpoint prepared "
@@ -128,6 +128,19 @@ def _graph(args) -> bool:
     return args.device.startswith("cuda") and not args.eager
 
 
+def _max_seqs(args) -> int | None:
+    """--max-seqs, else what the mode decodes at once: a batch file the profile's largest bucket (None), the REPL
+    one conversation, --prompt its prompts. Fewer slots capture fewer graphs at start-up and leave each slot more
+    context."""
+    if args.max_seqs is not None or args.batch_file:
+        return args.max_seqs
+    if args.interactive:
+        return 1
+    from engine.graph_engine import detect_profile
+    from graphs.plan import load_profile
+    return min(len(args.prompt), max(load_profile(args.profile or detect_profile(args.device))["batch_buckets"]))
+
+
 def _load(args):
     if not _graph(args):
         from engine.engine import Engine
@@ -137,7 +150,7 @@ def _load(args):
     if args.profile_steps:
         profiler_runtime()                     # missing cuda-python said before the model loads
     engine = GraphEngine.load(args.model, device=args.device, profile=args.profile, spec_k=args.spec_k,
-                              max_seqs=args.max_seqs, max_len=args.max_len, body=args.body or "int4")
+                              max_seqs=_max_seqs(args), max_len=args.max_len, body=args.body or "int4")
     t = engine.timings
     print(f"[ graph engine: profile {engine.profile['name']}, {engine.max_seqs} sequences x {engine.max_len} tokens, "
           f"spec_k {engine.spec_k}; loaded in {t['load_s']:.1f} s, graphs captured in {t['capture_s']:.1f} s ]",

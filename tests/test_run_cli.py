@@ -249,3 +249,12 @@ def test_profile_steps_without_cuda_python_is_said_before_loading(capsys, monkey
     assert run.main(["--device", "cuda", "--prompt", "x", "--profile-steps", "2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: profiling steps needs cuda-python") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["--prompt", "a", "--prompt", "b"], 2), (["--interactive"], 1), (["--prompt", "a", "--max-seqs", "5"], 5),
+    (["--batch-file", "in.jsonl", "--output", "out.jsonl"], None), (["--prompt", "a"] * 100, 64)])
+def test_graph_engine_slots_follow_the_mode(argv, want):
+    """One prompt needs one slot (one graph to capture, all the context for it); a batch file the largest bucket."""
+    args = run.build_parser().parse_args(argv + ["--device", "cuda", "--profile", "h200"])
+    assert run._max_seqs(args) == want
