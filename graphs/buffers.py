@@ -9,8 +9,11 @@ per-slot tables below have S + 1 entries so a padding row's gather and scatter l
                                        conv window [S, C, K−1+k] bf16 (widened by k, ENGINE.md §1.1)
 Per-slot tables, kept on the device from step to step (nothing read back inside a step):
   seq_len [S+1]           tokens in the target's caches (the next verify's first position)
-  num_acc [S+1]           the GDN / conv kernels' num_accepted: accepted + 1 after a round, k + 1 after a prefill
-                          (its state sits in slot k and its conv window ends at the last column)
+  num_acc [S+1]           the GDN / conv kernels' num_accepted: accepted + 1 + (k − the round's drafts) after a
+                          round (the conv window's offset + 1), k + 1 after a prefill (the window ends at its last
+                          column)
+  state_at [S+1]          which of the sequence's k+1 GDN slots holds its state (k after a prefill; see
+                          ModelRunner._state_table)
   emitted [S+1]           tokens the last round emitted (1 after a prefill: the first sampled token)
   last_ids [S+1, k+1]     the last round's emitted ids (then −1); the pending token is last_ids[emitted − 1]
   hidden [S+1, k+1, H]    the last round's post-norm hiddens, the MTP's inputs of the next step's drafting
@@ -33,7 +36,8 @@ GDN_CHUNK = 64                    # kernels.gdn.chunked's chunk on every device
 
 class Buffers:
     def __init__(self, cfg, max_seqs: int, max_len: int, spec_k: int, max_prefill: int, kv_dtype, device,
-                 draft_vocab: int = None):
+                 draft_vocab: int = None, ks=()):
+        """ks: the draft counts steps use (one rejection workspace each); draft_vocab: the draft head's rows."""
         S, k, H, V = max_seqs, spec_k, cfg.hidden_size, cfg.vocab_size
         T = k + 1
         self.S, self.k = S, k
@@ -65,6 +69,7 @@ class Buffers:
         # per-slot tables
         self.seq_len = torch.zeros(S + 1, **i32)
         self.num_acc = torch.ones(S + 1, **i32)
+        self.state_at = torch.zeros(S + 1, **i32)
         self.emitted = torch.ones(S + 1, **i32)
         self.last_ids = torch.zeros(S + 1, T, **i32)
         self.hidden = torch.zeros(S + 1, T, H, **bf)
@@ -75,11 +80,13 @@ class Buffers:
         # per-step inputs (the host fills rows) and what the step derives from them on the device
         self.rows = torch.full((S,), S, **i32)
         self.rows_long = torch.zeros(S, dtype=torch.int64, device=device)
-        self.row_len, self.kv_lens, self.row_acc, self.row_emitted = (torch.zeros(S, **i32) for _ in range(4))
+        self.row_len, self.kv_lens, self.row_acc, self.row_emitted, self.row_at, self.row_shift = (
+            torch.zeros(S, **i32) for _ in range(6))
         self.acc_last = torch.full((S,), T, **i32)              # num_accepted of one-token passes: slot k
         self.row_temperature, self.row_top_p = torch.zeros(S, **f32), torch.ones(S, **f32)
         self.row_top_k = torch.zeros(S, **i32)
         self.state_slots = torch.zeros(S * T, **i32)             # [B, T] as a dense prefix
+        self.state_table = torch.zeros(S * T, **i32)
         self.mtp_start = torch.zeros(S, **i32)
         self.mtp_ids = torch.zeros(S, T, **i32)
         self.t0 = torch.zeros(S, **i32)
@@ -134,11 +141,19 @@ class Buffers:
             self.cat = torch.zeros(R, 2 * H, **bf)
             self.draft_tok = torch.zeros(S, **i32)
             Vd = draft_vocab or V
-            self.draft_logits = torch.zeros(S, k, Vd, **f32)
-            self.draft_sampler = SamplerWorkspace(S, Vd, device)
-            self.draft_ids = torch.zeros(S, k, **i32)
-            self.draft_desc = torch.zeros(S, k, 4, **f32)
-            self.rejection = RejectionWorkspace(S, k, V, Vd, device)
+            self.draft_logits = torch.zeros(S * k * Vd, **f32)     # flat: a step of B rows, k' drafts views
+            self.draft_sampler = SamplerWorkspace(S, Vd, device)   # a dense [B, k', ...] prefix (drafts())
+            self.draft_ids = torch.zeros(S * k, **i32)
+            self.draft_desc = torch.zeros(S * k * 4, **f32)
+            self.rejection = {d: RejectionWorkspace(S, d, V, Vd, device) for d in sorted(set(ks) | {k}) if d}
+
+    def drafts(self, B: int, k: int):
+        """(draft_ids [B, k], draft_logits [B, k, Vd], draft_desc [B, k, 4]) of a step drafting k (dense)."""
+        if not k:
+            return None, None, None
+        vd = self.draft_logits.numel() // (self.S * self.k)
+        return (self.dense(self.draft_ids, B, k), self.dense(self.draft_logits, B, k, vd),
+                self.dense(self.draft_desc, B, k, 4))
 
     @staticmethod
     def dense(flat, *shape):

@@ -102,14 +102,20 @@ def _sampler_bytes(rows: int, vocab: int) -> int:
     return 4 * (rows * (5 * _blocks(vocab) + 3 * c.levels * c.pivots + 7 * (c.levels + 1) + 2 * c.cap + 7) + 1)
 
 
+def _rejection_bytes(S: int, k: int, V: int, Vd: int) -> int:
+    """kernels.sampler.RejectionWorkspace(S, k, V, Vd)."""
+    return (_sampler_bytes(S * (k + 1), V) + _sampler_bytes(S * k, Vd) + 8 * S * _blocks(V)
+            + 4 * (S * (k + 1) + 2 * S + 1))
+
+
 def runner_parts(cfg: ModelConfig, max_seqs: int, max_len: int, spec_k: int, max_prefill: int,
-                 kv_dtype: str = "fp8_e4m3", num_sms: int = 132, draft_vocab: int = None) -> dict:
+                 kv_dtype: str = "fp8_e4m3", num_sms: int = 132, draft_vocab: int = None, ks=()) -> dict:
     """Bytes graphs/buffers.Buffers allocates for these runner arguments, by kind: kv (attention layers, the MTP
     layer's when spec_k > 0), state (GDN state pools and conv windows), logits (target and draft, fp32),
     activations (row buffers for max(S·(k+1), max_prefill) rows, rope tables, attention partials, the GDN
     prefill workspace, the int4 linears' int64 sums), tables (per-slot and per-step), sampler (its workspaces).
     num_sms: the profile's "sms" (the attention partials are sized by it); draft_vocab: the drafts' head rows
-    (default: the vocabulary)."""
+    (default: the vocabulary); ks: the buckets' draft counts (bucket_k's values)."""
     S, k, H, V = max_seqs, spec_k, cfg.hidden_size, cfg.vocab_size
     Vd, T = draft_vocab or V, k + 1
     cap = -(-(max_len + T) // 64) * 64
@@ -125,23 +131,23 @@ def runner_parts(cfg: ModelConfig, max_seqs: int, max_len: int, spec_k: int, max
     acts = (2 * R * (5 * H + n_proj + C + max(hv * dv, hq * d) + 2 * hq * d + hkv * d + 3 * I) + 4 * (cap + R) * rd
             + 4 * S * hq * T * nseg * (d + PART_EXTRA) + hv * n * (2 * dk + 2 * dv + 4 * GDN_CHUNK)
             + 8 * MAX_ROWS * (n_proj + 2 * H + 2 * I))
-    tables = (4 * (S + 1) * (6 + T) + 2 * (S + 1) * T * H + 4 * S * (18 + 3 * T) + 16 * R + 4 * max_prefill
+    tables = (4 * (S + 1) * (7 + T) + 2 * (S + 1) * T * H + 4 * S * (20 + 4 * T) + 16 * R + 4 * max_prefill
               + 44)
     sampler = _sampler_bytes(S, V)
     if k:
         acts += 2 * R * 6 * H + 2 * S * (T + 1) * H
         tables += 4 * S * (1 + 5 * k)
-        sampler += (_sampler_bytes(S, Vd) + _sampler_bytes(S * T, V) + _sampler_bytes(S * k, Vd)
-                    + 8 * S * _blocks(V) + 4 * (S * T + 2 * S + 1))
+        sampler += _sampler_bytes(S, Vd) + sum(_rejection_bytes(S, d, V, Vd) for d in set(ks) | {k} if d)
     return {"kv": attn * (2 * S * hkv * cap * d * BYTES[kv_dtype] + (8 * hkv if BYTES[kv_dtype] == 1 else 0)),
             "state": gdn * (2 * S * T * hv * dk * dv + 2 * S * C * (K - 1 + k)),
             "logits": 4 * S * T * V + 4 * S * k * Vd, "activations": acts, "tables": tables, "sampler": sampler}
 
 
 def runner_bytes(cfg: ModelConfig, max_seqs: int, max_len: int, spec_k: int, max_prefill: int,
-                 kv_dtype: str = "fp8_e4m3", num_sms: int = 132, draft_vocab: int = None) -> int:
+                 kv_dtype: str = "fp8_e4m3", num_sms: int = 132, draft_vocab: int = None, ks=()) -> int:
     """Every static buffer of a ModelRunner(prepared, max_seqs, max_len, spec_k, max_prefill), in bytes."""
-    return sum(runner_parts(cfg, max_seqs, max_len, spec_k, max_prefill, kv_dtype, num_sms, draft_vocab).values())
+    return sum(runner_parts(cfg, max_seqs, max_len, spec_k, max_prefill, kv_dtype, num_sms, draft_vocab,
+                            ks).values())
 
 
 def _largest(fits, hi: int) -> int:

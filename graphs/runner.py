@@ -120,17 +120,22 @@ class Pass:
 
 class ModelRunner:
     def __init__(self, prepared: PreparedModel, max_seqs: int, max_len: int, spec_k: int = 0,
-                 max_prefill: int = 512, kv_dtype=torch.uint8, device=None, draft_tokens=None):
+                 max_prefill: int = 512, kv_dtype=torch.uint8, device=None, draft_tokens=None, bucket_k=None):
         """max_seqs sequences (slots) of up to max_len tokens, spec_k drafts a step (0: plain decoding; needs the
         MTP weights), prompt chunks of up to max_prefill tokens; kv_dtype torch.uint8 (fp8 e4m3) or bf16.
         draft_tokens: None (drafts over the whole vocabulary), or the sorted target ids of a reduced draft
         vocabulary (QUANT.md §5): the draft head is those rows of the int8 lm_head, draft ids map back through
-        d2t, and rejection sampling stays exact (q = 0 outside them)."""
+        d2t, and rejection sampling stays exact (q = 0 outside them). bucket_k: {B: k} drafts a step of B rows
+        makes (0 … spec_k; default spec_k), so a bucket drafts what pays at its width; buffers are spec_k's."""
         if spec_k and prepared.mtp is None:
             raise ValueError("spec_k > 0 needs the MTP weights (prepare the checkpoint with its mtp.* tensors)")
         if kv_dtype not in (torch.uint8, torch.bfloat16):
             raise ValueError(f"kv_dtype must be torch.uint8 (fp8 e4m3) or torch.bfloat16, got {kv_dtype}")
         self.w, self.cfg, self.k = aligned(prepared), prepared.cfg, spec_k
+        self.bucket_k = dict(bucket_k or {})
+        for B, k in self.bucket_k.items():
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= spec_k:
+                raise ValueError(f"bucket_k: bucket {B} drafts {k!r}; expected 0 … spec_k = {spec_k}")
         self.device = torch.device(device) if device is not None else prepared.norm.device
         self.max_seqs, self.max_len, self.max_prefill = max_seqs, max_len, max_prefill
         self.draft_head, self.d2t, self.t2d = self.w.lm_head, None, None
@@ -145,7 +150,7 @@ class ModelRunner:
             self.d2t = (ids - torch.arange(len(ids), device=self.device)).to(torch.int32)
             self.t2d = target_to_draft(self.d2t, V)
         self.buf = Buffers(self.cfg, max_seqs, max_len, spec_k, max_prefill, kv_dtype, self.device,
-                           draft_vocab=self.draft_head.qweight.shape[0])
+                           draft_vocab=self.draft_head.qweight.shape[0], ks={spec_k, *self.bucket_k.values()})
         self.num_sms = gpu.num_sms(self.device)
         self.ready = [False] * max_seqs               # per slot: its prompt's last chunk ran (it steps)
         self.graphs = {}                              # B -> torch.cuda.CUDAGraph of run_step(B) (capture())
@@ -270,16 +275,37 @@ class ModelRunner:
 
     def _row_pass(self, B, T, start, acc=None) -> Pass:
         """A verify-shaped pass over buf.rows[:B], T tokens each from positions start [B] (device): kv_lens, rope,
-        GDN slots (T = 1: slot k, num_accepted k + 1; else slots 0 … T−1 and `acc`)."""
+        and the GDN slot table (acc None: every row's state in slot k, num_accepted k + 1; else `acc` and the
+        rotation of _state_table)."""
         b, k = self.buf, self.k
         torch.add(start, T, out=b.kv_lens[:B])
         cos, sin = self._rope(B, T, start)
         slots = b.dense(b.state_slots, B, T)
         slots.copy_(b.rows[:B].view(B, 1).expand(B, T))
         slots.mul_(k + 1)
-        slots.add_(b.arange[:T] if T > 1 else k)
+        if acc is None:
+            slots.add_(k)
+        else:
+            self._state_table(B, T, acc, slots)
         return Pass(B, T, b.rows[:B], b.kv_lens[:B], cos, sin, slots, b.acc_last[:B] if acc is None else acc,
                     deferred=self.w.body == "int4" and defers(B * T, self.device))
+
+    def _state_table(self, B, T, acc, slots):
+        """GDN slots of a T-token verify (added to slots = rows·(k+1)). The kernels start from the table's entry
+        c = clamp(acc − 1, 0, T − 1) and leave the state after token t in entry t; a sequence's state is in its slot
+        state_at, so entry t is slot (state_at − c + t) mod (k+1) — t itself when every round verifies k + 1 tokens
+        (then c = state_at = acc − 1), rotated when a round verifies fewer than the last one accepted. The state
+        after the round's token count − 1 is then in (state_at − c + count − 1) mod (k+1) (commit: buf.row_shift
+        holds state_at − c)."""
+        b, Tm = self.buf, self.k + 1
+        shift = b.row_shift[:B]
+        torch.sub(acc, 1, out=shift)
+        shift.clamp_(0, T - 1)
+        torch.sub(b.row_at[:B], shift, out=shift)
+        table = b.dense(b.state_table, B, T)
+        torch.add(shift.view(B, 1), b.arange[:T].view(1, T), out=table)
+        table.remainder_(Tm)
+        slots.add_(table)
 
     # ------------------------------------------------------------------------------------------ entry points
     def set_sampling(self, slot: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
@@ -314,8 +340,8 @@ class ModelRunner:
             b.num_acc[slot] = k + 1
             for conv in b.conv_windows:
                 conv[slot].zero_()
-        else:                                         # the state the last round accepted into, slot num_acc − 1
-            torch.add(b.num_acc[slot:slot + 1], base - 1, out=b.prefill_slots[:1])
+        else:                                         # the state the last round accepted into, slot state_at
+            torch.add(b.state_at[slot:slot + 1], base, out=b.prefill_slots[:1])
             if k and self.ready[slot]:            # a follow-up turn (not the next chunk of a prompt)
                 self._mtp_catch_up(slot, token_ids[0])
         self.ready[slot] = last
@@ -339,6 +365,7 @@ class ModelRunner:
             b.num_acc[slot] = k + 1
             done = end
         b.seq_len[slot] = start + L
+        b.state_at[slot] = k
         logits = b.logits[0]
         if not last:
             return logits
@@ -420,6 +447,7 @@ class ModelRunner:
         logits = int8_linear(hidden, self.w.lm_head, out=b.logits[:B])
         b.seq_len.index_copy_(0, rows, b.kv_lens[:B])
         b.num_acc.index_fill_(0, rows, self.k + 1)
+        b.state_at.index_fill_(0, rows, self.k)
         self._reset_padding()
         return logits
 
@@ -432,6 +460,7 @@ class ModelRunner:
         b.emitted[S:].fill_(1)
         b.last_ids[S:].zero_()
         b.hidden[S:].zero_()
+        b.state_at[S:].zero_()
 
     @torch.no_grad()
     def step(self, slots: list):
@@ -454,11 +483,15 @@ class ModelRunner:
             self._slots = slots
         return len(slots)
 
+    def k_for(self, B: int) -> int:
+        """The drafts a step of B rows makes."""
+        return self.bucket_k.get(B, self.k)
+
     def _outputs(self, B):
-        b = self.buf
-        if self.k:
-            return b.rejection.out[:B], b.rejection.num_emitted[:B]
-        return b.out_ids[:B], b.num_emitted[:B]
+        b, k = self.buf, self.k_for(B)
+        if k:
+            return b.rejection[k].out[:B], b.rejection[k].num_emitted[:B]
+        return b.out_ids[:B, :1], b.num_emitted[:B]
 
     @torch.no_grad()
     def run_step(self, B: int):
@@ -472,26 +505,29 @@ class ModelRunner:
         """run_step(B) as (name, launches) in order: "rows" (the rows' tables gathered), "draft" (k > 0),
         "verify" (every layer over the k+1 tokens, the lm_head), "sample" (rejection sampling, or sampling, and
         the commit). For benchmarks that time them apart."""
-        b, k, T = self.buf, self.k, self.k + 1
+        b, k, Tm = self.buf, self.k_for(B), self.k + 1
+        T = k + 1
         rows = b.rows_long[:B]
         params = SamplingTensors(b.row_temperature[:B], b.row_top_k[:B], b.row_top_p[:B])
         ids = b.ids[:B * T].view(B, T)
         logits = b.logits[:B * T].view(B, T, -1)
+        draft_ids, draft_logits, draft_desc = b.drafts(B, k)
 
         def gather():
             rows.copy_(b.rows[:B])
             for table, row in ((b.seq_len, b.row_len), (b.emitted, b.row_emitted), (b.num_acc, b.row_acc),
-                               (b.temperature, b.row_temperature), (b.top_k, b.row_top_k), (b.top_p, b.row_top_p)):
+                               (b.state_at, b.row_at), (b.temperature, b.row_temperature), (b.top_k, b.row_top_k),
+                               (b.top_p, b.row_top_p)):
                 torch.index_select(table, 0, rows, out=row[:B])
-            idx = b.gather_idx[:B]                    # t0, each row's last emitted token: rows·T + emitted − 1
-            torch.mul(rows, T, out=idx)
+            idx = b.gather_idx[:B]                    # t0, each row's last emitted token: rows·Tm + emitted − 1
+            torch.mul(rows, Tm, out=idx)
             idx.add_(b.row_emitted[:B]).sub_(1)
             torch.index_select(b.last_ids.view(-1), 0, idx, out=b.t0[:B])
             ids[:, 0] = b.t0[:B]
 
         def draft():
-            self._draft(B, rows, params)
-            ids[:, 1:] = b.draft_ids[:B]
+            self._draft(B, rows, params, k)
+            ids[:, 1:] = draft_ids
 
         def verify():
             p = self._row_pass(B, T, b.row_len[:B], acc=b.row_acc[:B])
@@ -500,16 +536,19 @@ class ModelRunner:
 
         def sample_commit():
             if k:
-                out, count = rejection_sample(logits, b.draft_logits[:B], b.draft_ids[:B], params, b.seed, b.offset,
-                                              b.rejection, b.draft_desc[:B], self.t2d)
+                out, count = rejection_sample(logits, draft_logits, draft_ids, params, b.seed, b.offset,
+                                              b.rejection[k], draft_desc, self.t2d)
             else:
-                out, count = b.out_ids[:B], b.num_emitted[:B]
+                out, count = b.out_ids[:B, :1], b.num_emitted[:B]
                 sample(logits.view(B, -1), params, b.seed, b.offset, b.sampler, out=(out[:, 0], b.sampler.desc[:B]))
-            b.seq_len.index_copy_(0, rows, torch.add(b.row_len[:B], count, out=b.new_len[:B]))
-            b.num_acc.index_copy_(0, rows, count)
+            new = b.new_len[:B]
+            b.seq_len.index_copy_(0, rows, torch.add(b.row_len[:B], count, out=new))
             b.emitted.index_copy_(0, rows, count)
-            b.last_ids.index_copy_(0, rows, out)
-            b.hidden.index_copy_(0, rows, b.out_hidden[:B * T].view(B, T, -1))
+            b.num_acc.index_copy_(0, rows, torch.add(count, self.k - k, out=new))   # the conv window's offset
+            torch.add(b.row_shift[:B], count, out=new)                              # _state_table
+            b.state_at.index_copy_(0, rows, new.sub_(1).remainder_(Tm))
+            b.last_ids[:, :T].index_copy_(0, rows, out)
+            b.hidden[:, :T].index_copy_(0, rows, b.out_hidden[:B * T].view(B, T, -1))
             self._reset_padding()
 
         return [("rows", gather)] + ([("draft", draft)] if k else []) + [("verify", verify), ("sample", sample_commit)]
@@ -552,7 +591,7 @@ class ModelRunner:
         ids, counts = self._outputs(B)
         host_ids, host_counts = self.buf.host_out[self._fetches % 2]
         self._fetches += 1
-        host_ids[:B].copy_(ids, non_blocking=True)
+        host_ids[:B, :ids.shape[1]].copy_(ids, non_blocking=True)
         host_counts[:B].copy_(counts, non_blocking=True)
         event = None
         if self.device.type == "cuda":
@@ -561,25 +600,32 @@ class ModelRunner:
         return StepOutput(host_ids[:B], host_counts[:B], event)
 
     def step_logits(self, B: int):
-        """The last step's target logits [B, k+1, V] fp32: row b, position j produced row b's j-th emitted token."""
-        return self.buf.logits[:B * (self.k + 1)].view(B, self.k + 1, -1)
+        """The last step's target logits [B, k+1, V] fp32 (k: k_for(B)): row b, position j produced row b's j-th
+        emitted token."""
+        T = self.k_for(B) + 1
+        return self.buf.logits[:B * T].view(B, T, -1)
 
     def cut_round(self, slot: int, kept: int):
         """The host kept only the first `kept` tokens the last step emitted for `slot` (1 ≤ kept ≤ its count): the
         slot's caches are made to hold exactly the tokens before the last kept one (which stays pending), as if
-        the round had accepted kept − 1 drafts: the GDN state after token kept − 1 is in slot kept − 1 already."""
+        the round had accepted kept − 1 drafts: the GDN state after token kept − 1 is in the slot before (mod k+1)
+        the round's last one, the conv window's offset as many columns back."""
         self._check_slot(slot)
-        b = self.buf
+        b, s = self.buf, slice(slot, slot + 1)
         if not 1 <= kept <= self.k + 1:
             raise ValueError(f"cut_round: kept must be in [1, {self.k + 1}], got {kept}")
-        b.seq_len[slot:slot + 1].sub_(b.emitted[slot:slot + 1]).add_(kept)
-        b.num_acc[slot] = kept
+        drop = b.row_len[:1]                          # emitted − kept (a scratch entry between steps)
+        torch.sub(b.emitted[s], kept, out=drop)
+        for table in (b.seq_len[s], b.num_acc[s], b.state_at[s]):
+            table.sub_(drop)
+        b.state_at[s].remainder_(self.k + 1)
         b.emitted[slot] = kept
 
-    def _draft(self, B, rows, params):
-        """k drafts per row into buf.draft_ids / draft_logits / draft_desc (module docstring: draft)."""
-        b, k = self.buf, self.k
-        T = k + 1
+    def _draft(self, B, rows, params, k):
+        """k drafts per row into buf.drafts(B, k) (module docstring: draft). The MTP re-runs all k_max + 1 rows of
+        the last round (a round of another bucket may have emitted more than k + 1)."""
+        b, T = self.buf, self.k + 1
+        draft_ids, draft_logits, draft_desc = b.drafts(B, k)
         start = b.mtp_start[:B]                       # the MTP re-runs the last round from L − emitted
         torch.sub(b.row_len[:B], b.row_emitted[:B], out=start)
         p = self._row_pass(B, T, start)
@@ -590,10 +636,10 @@ class ModelRunner:
         idx.sub_(1)
         y_row = torch.index_select(y, 0, idx, out=b.y_row[:B])
         for j in range(k):
-            int8_linear(y_row, self.draft_head, out=b.draft_logits[:B, j])
-            sample_drafts(b.draft_logits[:B, j], params, b.seed, b.offset, b.draft_sampler, d2t=self.d2t,
-                          out=(b.draft_ids[:B, j], b.draft_desc[:B, j]))
+            int8_linear(y_row, self.draft_head, out=draft_logits[:, j])
+            sample_drafts(draft_logits[:, j], params, b.seed, b.offset, b.draft_sampler, d2t=self.d2t,
+                          out=(draft_ids[:, j], draft_desc[:, j]))
             if j + 1 < k:                             # the draft at position L + j, from the MTP's own output
-                b.draft_tok[:B].copy_(b.draft_ids[:B, j])
+                b.draft_tok[:B].copy_(draft_ids[:, j])
                 torch.add(b.row_len[:B], j, out=start)
                 self._mtp(self._row_pass(B, 1, start), b.draft_tok[:B], y_row, y_row)

@@ -76,14 +76,15 @@ def allocated(obj, seen) -> int:
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("seqs, max_len, k, chunk, kv, draft_vocab", [
-    (4, 100, 0, 16, torch.uint8, None), (3, 64, 2, 40, torch.bfloat16, None), (8, 300, 4, 128, torch.uint8, 100)])
-def test_runner_bytes_predict_the_buffers(name, seqs, max_len, k, chunk, kv, draft_vocab):
+@pytest.mark.parametrize("seqs, max_len, k, chunk, kv, draft_vocab, ks", [
+    (4, 100, 0, 16, torch.uint8, None, ()), (3, 64, 2, 40, torch.bfloat16, None, ()),
+    (8, 300, 4, 128, torch.uint8, 100, (0, 1, 3))])
+def test_runner_bytes_predict_the_buffers(name, seqs, max_len, k, chunk, kv, draft_vocab, ks):
     cfg = ModelConfig.from_dict({**BASE, **CONFIGS[name], "model_type": "qwen3_5_text"})
-    buffers = Buffers(cfg, seqs, max_len, k, chunk, kv, "cpu", draft_vocab=draft_vocab)
+    buffers = Buffers(cfg, seqs, max_len, k, chunk, kv, "cpu", draft_vocab=draft_vocab, ks=ks)
     predicted = runner_bytes(cfg, seqs, max_len, k, chunk, "fp8_e4m3" if kv == torch.uint8 else "bfloat16",
-                             gpu.num_sms("cpu"), draft_vocab)
-    assert predicted == pytest.approx(allocated(buffers, set()), rel=0.01)
+                             gpu.num_sms("cpu"), draft_vocab, ks)
+    assert predicted == allocated(buffers, set())
 
 
 def test_a_plan_that_does_not_fit_says_what_would():

@@ -288,3 +288,28 @@ def test_prefill_pieces_with_drafting_keep_greedy_output(tiny):
             tokens += r.fetch(1).wait()[0]
         out[k] = tokens[:8]
     assert out[2] == out[0]
+
+
+@pytest.mark.slow
+def test_a_draft_count_per_bucket_keeps_greedy_output(tiny):
+    """Buckets of 1, 2 and 3 rows drafting 0, 1 and 2 (bucket_k), a sequence stepped through them in turn: a round
+    may verify fewer tokens than the last one accepted (the GDN slot table rotates, the conv offset shifts), and
+    greedy output stays k = 0's. A round cut short (cut_round) continues as a shorter round would have."""
+    prepared, _, ids = tiny
+    prompt = ids[:9]
+    plain, _ = greedy(runner(prepared, k=0), 0, prompt, 14)
+    r = ModelRunner(prepared, 3, 64, spec_k=2, max_prefill=16, kv_dtype=torch.bfloat16, bucket_k={1: 0, 2: 1, 3: 2})
+    tokens = [int(r.prefill(1, prompt, 0, last=True)[1][0])]
+    widths = iter([3, 1, 3, 2, 3, 3, 1, 2, 2, 3, 1, 3] * 2)
+    while len(tokens) < 14:
+        width = next(widths)
+        slots = [1] + [-1] * (width - 1)
+        r.step(slots)
+        got = r.fetch(width).wait()[0]
+        if width == 3 and len(got) > 1:               # keep one token fewer, as a stop string would
+            r.cut_round(1, len(got) - 1)
+            got = got[:-1]
+        tokens += got
+    assert tokens[:14] == plain
+    with pytest.raises(ValueError, match="bucket 2 drafts 3"):
+        ModelRunner(prepared, 3, 64, spec_k=2, bucket_k={2: 3})

@@ -108,3 +108,19 @@ def test_greedy_with_drafting_equals_without(demo, width):
         results[k] = [t for i in range(0, len(texts), width) for t in greedy_batch(r, texts[i:i + width], 256)]
     for i, (plain, drafted) in enumerate(zip(results[0], results[4])):
         assert plain == drafted, (i, next(j for j, (a, b) in enumerate(zip(plain, drafted)) if a != b))
+
+
+def test_a_draft_count_per_bucket_keeps_greedy_output(demo):
+    """One sequence stepped through buckets drafting 4, 1 and 2 (rows beyond it padding): rounds verify fewer
+    tokens than the last one accepted, and greedy output is k = 0's."""
+    prepared, texts = demo
+    plain = greedy_batch(ModelRunner(prepared, 1, 512, spec_k=0, max_prefill=64), texts[:1], 160)[0]
+    r = ModelRunner(prepared, 4, 512, spec_k=4, max_prefill=64, bucket_k={1: 4, 2: 1, 4: 2})
+    r.capture([4, 2, 1])
+    tokens = [int(r.prefill(0, texts[0], 0, last=True)[1][0])]
+    widths = [1, 2, 4, 1, 1, 4, 2]
+    while len(tokens) < 160:
+        width = widths[len(tokens) % len(widths)]
+        r.step([0] + [-1] * (width - 1))
+        tokens += r.fetch(width).wait()[0]
+    assert tokens[:160] == plain
