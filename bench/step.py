@@ -1,111 +1,46 @@
-"""One whole decode step of Qwen3.8-27B on kernels/, as the engine will run it: back to back in one CUDA graph (so
-each launch's programmatic dependent launch overlaps the one before), random weights at the 27B shapes.
+"""One whole decode step of Qwen3.8-27B as the engine runs it: graphs/runner.py's ModelRunner on a random int4
+model at the 27B shape (tools/random_model.random_prepared: made on the GPU by the loader's own code), its
+bucket's CUDA graph replayed back to back (so each launch's programmatic dependent launch overlaps the one
+before).
 
-A step with MTP-k drafting is k draft passes at B rows — the token's embedding and the last hidden state normed,
-the MTP fc, one gated-attention decoder layer, the final norm, a draft lm_head over `--draft-vocab` rows, sampling
-(kernels/sampler.sample_drafts) — then the verify pass at B·(k+1) rows: the embedding, the 64 decoder layers (48
-Gated DeltaNet, 16 gated attention, as bench/layer_step.py builds them, each with its own weights, state and
-`ctx` cached tokens), the final norm, the int8 lm_head and rejection sampling. k = 0 is plain decoding: one
-token a step, sampled from B rows.
-Per step: its time, the bytes it must move (every weight once per pass that reads it, the recurrent states
-read once and written per token, the KV; the logits written once), the fraction of the copy bandwidth measured
-in the same run, the launches in its graph, and the tokens per second given how often each draft position is
-accepted (`--accept`, default .84/.60/.38/.22: vLLM's MTP on Qwen under load, ENGINE.md §9; a step emits
-1 + the accepted drafts — acceptance depends on the text, not on the kernels); then, per batch, the draft count
-that gives the most tokens per second at those rates (what profiles/ should set per bucket).
+For each batch B and draft count k: a runner of B slots, k drafts a step (k = 0: plain decoding), the draft head
+the first `--draft-vocab` ids of the lm_head (the runner's draft_tokens; 0: the whole vocabulary), every slot
+sampling with Qwen's generation_config (temperature 1, top-k 20, top-p 0.95). A step is the runner's: the MTP
+drafting (k > 0), the verify pass at B·(k+1) rows over the 64 layers and the int8 lm_head, rejection sampling
+(k = 0: sampling) and the commit. Context: instead of prefilling, the B slots' tables are set as a decode at
+`ctx` finds them — seq_len ctx − 1, num_acc k + 1, emitted 1: the pending token at position ctx − 1, the GDN
+state in slot k as a prefill leaves it — because what the caches hold does not change the time (the attention
+reads every cached key whatever its value, a GDN state is read and written whole), only the lengths do. A step
+commits its tokens (seq_len grows by 1 … k+1 a replay), so each timed trial starts from those tables again and
+the context stays within REPS·(k+1) tokens of ctx.
+Per step: its time (CUDA events over REPS back-to-back replays of the bucket's graph, the median of TRIALS), the
+bytes it must move (tools.targets.step_bytes: every weight once per pass that reads it, the recurrent states read
+once and written per token, the KV; the logits written once), the fraction of the copy bandwidth measured in the
+same run, the launches in its graph, and the tokens per second given how often each draft position is accepted
+(`--accept`, default .84/.60/.38/.22: vLLM's MTP on Qwen under load, ENGINE.md §9; a step emits 1 + the accepted
+drafts — acceptance depends on the text, not on the kernels); beneath it each phase of the step
+(ModelRunner.step_phases: rows, draft, verify, sample — each captured as its own graph, replayed in order; each
+phase's time includes its graph's own launch, so they sum to a little more than the step);
+then, per batch, the draft count that gives the most tokens per second at those rates (what profiles/ should set
+per bucket).
 `python -m bench.step [--batch 1,4,64] [--k 0,4] [--ctx 16384] [--draft-vocab 32768]` writes
 bench/results/step-<gpu>.json and .md (step-ctx<ctx>-<gpu> at other contexts)."""
 import argparse
+import gc
+import statistics
 
 import torch
 
-from bench.harness import gpu_name, measure_bandwidth, time_us, write_results
-from bench.kernels_int4 import random_int4
-from bench.kernels_int8 import lm_head_bytes, random_int8
-from bench.kernels_sampler import QWEN, params_for
-from bench.layer_step import Layer
-from kernels.int4 import int4_linear
-from kernels.int8 import int8_embedding, int8_linear
-from kernels.norms import add_rmsnorm
-from kernels.sampler import (RejectionWorkspace, SamplerWorkspace, rejection_sample, sample, sample_drafts,
-                             target_to_draft)
+from bench.harness import gpu_name, measure_bandwidth, write_results
+from bench.kernels_sampler import QWEN
+from graphs.runner import ModelRunner
 from layers.config import qwen38_27b
-from tools.targets import int4_bytes, row
+from layers.prepared import stderr_progress
+from tools.random_model import random_prepared
+from tools.targets import row, step_bytes
 
-
-class Step:
-    """Every buffer of one step for B sequences, k drafts, ctx cached tokens, allocated once; `drafts()`,
-    `verify()` and `step()` launch its kernels in order."""
-
-    def __init__(self, B, k, ctx, draft_vocab, cfg=None, device="cuda"):
-        cfg = cfg or qwen38_27b()
-        self.B, self.k, self.cfg = B, k, cfg
-        T, H, V = k + 1, cfg.hidden_size, cfg.vocab_size
-        bf = dict(dtype=torch.bfloat16, device=device)
-        kinds = {"linear_attention": "gdn", "full_attention": "attn"}
-        self.layers = [Layer(kinds[t], B, T, ctx, cfg, device) for t in cfg.layer_types]
-        self.embed, self.lm_head = random_int8(V, H), random_int8(V, H)
-        self.ids = torch.randint(0, V, (B * T,), dtype=torch.int32, device=device)
-        self.h, self.y = torch.zeros(B * T, H, **bf), torch.zeros(B * T, H, **bf)
-        self.norm_w = torch.randn(H, **bf) * 0.1
-        self.logits = torch.empty(B, T, V, **bf)
-        self.params = params_for(B, *QWEN)                            # generation_config's sampling
-        self.seed, self.offset = (torch.zeros(1, dtype=torch.int64, device=device) for _ in range(2))
-        self.bytes = (sum(layer.bytes() for layer in self.layers) + lm_head_bytes(B * T, V, H, out_bytes=2)
-                      + 3 * B * T * H)                                # the embedding's int8 rows in, bf16 out
-        if k == 0:
-            self.sampler = SamplerWorkspace(B, V, device)
-            return
-        # the MTP module: fc over [embedding; hidden] (2H -> H) and one gated-attention layer; a reduced draft head
-        self.mtp = Layer("attn", B, 1, ctx, cfg, device)
-        self.fc = random_int4(H, 2 * H, device)
-        self.draft_head = random_int8(draft_vocab, H)
-        self.d2t = torch.zeros(draft_vocab, dtype=torch.int32, device=device)      # draft id i is target id i
-        self.t2d = target_to_draft(self.d2t, V)
-        self.e, self.e_n, self.h_n, self.d_y = (torch.zeros(B, H, **bf) for _ in range(4))
-        self.cat = torch.zeros(B, 2 * H, **bf)
-        self.fc_out = torch.zeros(B, H, **bf)
-        self.draft_logits = torch.empty(B, k, draft_vocab, **bf)
-        self.draft_ids = torch.zeros(B, k, dtype=torch.int32, device=device)
-        self.draft_desc = torch.zeros(B, k, 4, device=device)
-        self.draft_ws = SamplerWorkspace(B, draft_vocab, device)
-        self.rejection = RejectionWorkspace(B, k, V, draft_vocab, device)
-        self.bytes += k * (self.mtp.bytes() + int4_bytes(B, H, 2 * H) + lm_head_bytes(B, draft_vocab, H, out_bytes=2))
-
-    def drafts(self):
-        """k draft passes at B rows. (Kernels read and write their own buffers: the time is the same chain.)"""
-        eps = self.cfg.rms_norm_eps
-        tok = self.ids[:self.B]
-        for i in range(self.k):
-            int8_embedding(tok, self.embed, out=self.e)
-            add_rmsnorm(self.e, None, self.norm_w, eps, y=self.e_n)                # pre_fc_norm_embedding
-            add_rmsnorm(self.h[:self.B], None, self.norm_w, eps, y=self.h_n)      # pre_fc_norm_hidden
-            int4_linear(self.cat, self.fc, out=self.fc_out)
-            self.mtp.step()
-            add_rmsnorm(self.mtp.x, self.mtp.res, self.norm_w, eps, h=self.mtp.res, y=self.d_y)
-            int8_linear(self.d_y, self.draft_head, out=self.draft_logits[:, i])
-            tok, _ = sample_drafts(self.draft_logits[:, i], self.params, self.seed, self.offset, self.draft_ws,
-                                   d2t=self.d2t, out=(self.draft_ids[:, i], self.draft_desc[:, i]))
-
-    def verify(self):
-        """The verify pass at B·(k+1) rows (k = 0: a decode step and its sampling)."""
-        eps = self.cfg.rms_norm_eps
-        int8_embedding(self.ids, self.embed, out=self.h)
-        for layer in self.layers:
-            layer.step()
-        last = self.layers[-1]
-        add_rmsnorm(last.x, last.res, self.norm_w, eps, h=last.res, y=self.y)
-        int8_linear(self.y, self.lm_head, out=self.logits.view(-1, self.cfg.vocab_size))
-        if self.k == 0:
-            sample(self.logits.view(-1, self.cfg.vocab_size), self.params, self.seed, self.offset, self.sampler)
-        else:
-            rejection_sample(self.logits, self.draft_logits, self.draft_ids, self.params, self.seed, self.offset,
-                             self.rejection, self.draft_desc, self.t2d)
-
-    def step(self):
-        if self.k:
-            self.drafts()
-        self.verify()
+REPS, TRIALS = 10, 5                # replays a trial, trials (the median's)
+MAX_PREFILL = 64                    # the runner's prompt chunk: nothing is prefilled here
 
 
 def graph_nodes(fn) -> int:
@@ -128,25 +63,78 @@ def tokens_per_step(k, accept) -> float:
     return 1.0 + sum(accept[:k])
 
 
+def at_context(runner, B: int, ctx: int):
+    """Slots 0 … B−1 as a decode at ctx finds them (module docstring): seq_len ctx − 1, num_acc k + 1,
+    emitted 1."""
+    b = runner.buf
+    b.seq_len[:B].fill_(ctx - 1)
+    b.num_acc[:B].fill_(runner.k + 1)
+    b.emitted[:B].fill_(1)
+
+
+def replay_us(graphs: list, reset) -> list:
+    """Per graph, µs a replay: `graphs` replayed in order REPS times back to back, an event after each replay;
+    each graph's mean over a trial, the median over TRIALS trials (reset() before each, untimed; one trial first
+    as a warm-up)."""
+    per_trial = [[] for _ in graphs]
+    for trial in range(TRIALS + 1):
+        reset()
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(REPS * len(graphs) + 1)]
+        events[0].record()
+        for i in range(REPS * len(graphs)):
+            graphs[i % len(graphs)].replay()
+            events[i + 1].record()
+        events[-1].synchronize()
+        if trial:
+            for j, times in enumerate(per_trial):
+                times.append(sum(events[i].elapsed_time(events[i + 1])
+                                 for i in range(j, REPS * len(graphs), len(graphs))) * 1e3 / REPS)
+    return [statistics.median(times) for times in per_trial]
+
+
+def measure(prepared, B: int, k: int, ctx: int, draft_vocab: int) -> tuple:
+    """The runner's step for B slots and k drafts at ctx: (µs a step, launches, [(phase, µs)])."""
+    runner = ModelRunner(prepared, B, ctx + (REPS + 1) * (k + 1), spec_k=k, max_prefill=MAX_PREFILL,
+                         draft_tokens=torch.arange(draft_vocab) if k and 0 < draft_vocab < prepared.cfg.vocab_size
+                         else None)
+    for slot in range(B):
+        runner.set_sampling(slot, *QWEN)
+    runner.capture([B])                           # warms up and captures on padding rows
+    runner.set_rows(list(range(B)))
+    reset = lambda: at_context(runner, B, ctx)
+    step_us, = replay_us([runner.graphs[B]], reset)
+    phases = []
+    for name, fn in runner.step_phases(B):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        phases.append((name, graph))
+    phase_us = replay_us([graph for _, graph in phases], reset)
+    launches = graph_nodes(lambda: runner.run_step(B))
+    return step_us, launches, [(name, us) for (name, _), us in zip(phases, phase_us)]
+
+
 def run(batches, ks, ctx, draft_vocab, accept, device="cuda"):
+    cfg = qwen38_27b()
+    if not 0 <= draft_vocab <= cfg.vocab_size:
+        raise ValueError(f"--draft-vocab {draft_vocab}: must be in [0, {cfg.vocab_size}] (0: the whole vocabulary)")
     peak = measure_bandwidth()["copy_Bps"]
+    torch.cuda.empty_cache()
+    prepared = random_prepared(cfg, device, with_mtp=max(ks) > 0, progress=stderr_progress("random 27B"))
     rows, best = [], []
     for B in batches:
         steps = []
         for k in ks:
-            step = Step(B, k, ctx, draft_vocab, device=device)
-            shape = f"B{B} k{k} ctx{ctx}" + (f" draft vocab {draft_vocab}" if k else "")
-            us = time_us(step.step, reps=2, trials=5)
-            tokens = tokens_per_step(k, accept)
-            steps.append(row("step", shape, us, step.bytes, 0, peak, launches=graph_nodes(step.step),
-                             tokens_per_step=round(tokens, 2), tok_s=round(B * tokens / (us * 1e-6), 1), k=k))
-            print(steps[-1], flush=True)
-            rows.append(steps[-1])
-            if k:
-                rows.append(row("  drafts", shape, time_us(step.drafts, reps=2, trials=5), 0, 0, peak))
-                rows.append(row("  verify", shape, time_us(step.verify, reps=2, trials=5), 0, 0, peak))
-            del step
+            us, launches, phases = measure(prepared, B, k, ctx, draft_vocab)
+            gc.collect()                              # the runner's buffers and graphs gone before the next
             torch.cuda.empty_cache()
+            shape = f"B{B} k{k} ctx{ctx}" + (f" draft vocab {draft_vocab or cfg.vocab_size}" if k else "")
+            tokens = tokens_per_step(k, accept)
+            steps.append(row("step", shape, us, step_bytes(cfg, B, k, ctx, draft_vocab or cfg.vocab_size), 0, peak,
+                             launches=launches, tokens_per_step=round(tokens, 2),
+                             tok_s=round(B * tokens / (us * 1e-6), 1), k=k))
+            print(steps[-1], flush=True)
+            rows += [steps[-1]] + [row(f"  {name}", shape, phase_us, 0, 0, peak) for name, phase_us in phases]
         top = max(steps, key=lambda r: r["tok_s"])
         best.append(dict(kernel="best k", shape=f"B{B} ctx{ctx}", us=top["us"], k=top["k"], tok_s=top["tok_s"]))
     return rows + best, peak
@@ -157,11 +145,13 @@ def main():
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes")
     ap.add_argument("--k", default="0,4", help="comma-separated draft counts (0: no drafting)")
     ap.add_argument("--ctx", type=int, default=16384)
-    ap.add_argument("--draft-vocab", type=int, default=32768)
+    ap.add_argument("--draft-vocab", type=int, default=32768, help="draft head rows (0: the whole vocabulary)")
     ap.add_argument("--accept", default=".84,.60,.38,.22", help="acceptance rate of draft positions 1, 2, …")
     args = ap.parse_args()
-    rows, peak = run([int(b) for b in args.batch.split(",")], [int(k) for k in args.k.split(",")], args.ctx,
-                     args.draft_vocab, [float(a) for a in args.accept.split(",")])
+    ks, accept = [int(k) for k in args.k.split(",")], [float(a) for a in args.accept.split(",")]
+    if max(ks) > len(accept) or min(ks) < 0:
+        ap.error(f"--k {args.k}: each in [0, {len(accept)}] (--accept gives {len(accept)} rates)")
+    rows, peak = run([int(b) for b in args.batch.split(",")], ks, args.ctx, args.draft_vocab, accept)
     name = "step" if args.ctx == 16384 else f"step-ctx{args.ctx}"
     print(write_results(name, rows, {"gpu": gpu_name(), "torch": torch.__version__,
                                      "peak_copy_GBps": round(peak / 1e9, 1)}))

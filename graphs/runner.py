@@ -1,6 +1,6 @@
 """The model runner: a PreparedModel (layers/prepared.py) executed on kernels/, owning every static buffer
-(graphs/buffers.py). Read top to bottom: `_layer` lists one decoder layer's launches, `_target` and `_mtp` the
-passes, `prefill`, `decode` and `step` the entry points.
+(graphs/buffers.py). Read top to bottom: `layer_launches` lists one decoder layer's launches (`_layer` runs
+them), `_target` and `_mtp` the passes, `prefill`, `decode` and `step` the entry points.
 
     runner = ModelRunner(prepared, max_seqs, max_len, spec_k=k, max_prefill=chunk)
     runner.set_sampling(slot, temperature, top_k, top_p)        # once per request (greedy by default)
@@ -162,24 +162,29 @@ class ModelRunner:
 
     # ------------------------------------------------------------------------------------------ one layer
     def _layer(self, w, cache, p: Pass, first: bool):
-        """One decoder layer over p's M rows; the residual stream is buf.res, updated in place; the layer's
-        output increment is left in buf.delta (the next layer's add_rmsnorm adds it)."""
+        """One decoder layer over p's M rows: layer_launches run in order."""
+        for _, launch in self.layer_launches(w, cache, p, first):
+            launch()
+
+    def layer_launches(self, w, cache, p: Pass, first: bool) -> list:
+        """One decoder layer over p's M rows as its launches in order, (name, launch) pairs (bench.layer_step
+        times them alone and chained). The residual stream is buf.res, updated in place; the layer's output
+        increment is left in buf.delta (the next layer's add_rmsnorm adds it; first: there is none)."""
         b, cfg, eps, M = self.buf, self.cfg, self.cfg.rms_norm_eps, p.M
         res, y, delta, attn_out = b.res[:M], b.y[:M], self._out(p, "delta"), self._out(p, "attn_out")
         if first:
-            add_rmsnorm(res, None, w.input_norm, eps, y=y)
+            norm = lambda: add_rmsnorm(res, None, w.input_norm, eps, y=y)
         else:
-            add_rmsnorm(delta, res, w.input_norm, eps, h=res, y=y)
-        mixer = w.mixer
-        if isinstance(mixer, AttentionWeights):
-            self._attention(mixer, cache, p, y, attn_out)
-        else:
-            self._gdn(mixer, cache, p, y, attn_out)
-        add_rmsnorm(attn_out, res, w.post_norm, eps, h=res, y=y)
+            norm = lambda: add_rmsnorm(delta, res, w.input_norm, eps, h=res, y=y)
+        mixer = self._attention if isinstance(w.mixer, AttentionWeights) else self._gdn
         I = cfg.intermediate_size
-        gu = linear(y, w.mlp.gate_up, self._out(p, "gate_up"))
-        silu_mul(gu[:, :I], gu[:, I:], y=b.act[:M])
-        linear(b.act[:M], w.mlp.down, delta)
+        gu, act = self._out(p, "gate_up"), b.act[:M]
+        return [("add_rmsnorm (input)", norm),
+                *mixer(w.mixer, cache, p, y, attn_out),
+                ("add_rmsnorm (post-attention)", lambda: add_rmsnorm(attn_out, res, w.post_norm, eps, h=res, y=y)),
+                ("mlp gate_up", lambda: linear(y, w.mlp.gate_up, gu)),
+                ("silu_mul", lambda: silu_mul(gu[:, :I], gu[:, I:], y=act)),
+                ("mlp down", lambda: linear(act, w.mlp.down, delta))]
 
     def _out(self, p: Pass, name: str, n: int = None):
         """The output buffer of a linear for p's M rows: buf.<name> (bf16), or buf.sums[name] when p.deferred;
@@ -194,50 +199,63 @@ class ModelRunner:
         for any k (greedy output with drafting equals without); beyond, its own q_len (the fastest tile)."""
         return MAX_SPEC_K + 1 if defers(B * (MAX_SPEC_K + 1), self.device) else None
 
-    def _gdn(self, w, cache, p: Pass, y, out):
+    def _gdn(self, w, cache, p: Pass, y, out) -> list:
+        """A Gated DeltaNet mixer's launches: y [M, H] -> out [M, H] (layer_launches)."""
         cfg, b, M, B, T = self.cfg, self.buf, p.M, p.B, p.T
         hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                           cfg.linear_value_head_dim)
         pool, conv = cache
         C = cfg.linear_conv_dim
         z_end = C + hv * dv
-        proj = linear(y, w.in_proj, self._out(p, "proj", width(w.in_proj)))
+        proj = self._out(p, "proj", width(w.in_proj))
         mixed = b.mixed[:M].view(B, T, C)
-        causal_conv1d(proj[:, :C].view(B, T, C), w.conv_weight, conv, p.rows, num_accepted=p.num_acc, out=mixed)
         q, k, v = (t.unflatten(-1, (-1, n)) for t, n in
                    zip(mixed.split([hk * dk, hk * dk, hv * dv], -1), (dk, dk, dv)))
         bb, a = (t.view(B, T, hv) for t in proj[:, z_end:z_end + 2 * hv].split(hv, -1))
-        o = b.dense(b.o, B, T, hv, dv)
+        o4 = b.dense(b.o, B, T, hv, dv)
+        o = o4.view(M, hv, dv)
         if p.prefill:
-            gdn_prefill(q, k, v, a, bb, w.A_log, w.dt_bias, pool, p.gdn_slots[:1], p.gdn_slots[1:], out=o,
-                        workspace=b.gdn_workspace(T, hv, dk, dv))
+            workspace = b.gdn_workspace(T, hv, dk, dv)
+            recur = ("gdn_prefill", lambda: gdn_prefill(q, k, v, a, bb, w.A_log, w.dt_bias, pool, p.gdn_slots[:1],
+                                                        p.gdn_slots[1:], out=o4, workspace=workspace))
         else:
-            gdn_verify(q, k, v, a, bb, w.A_log, w.dt_bias, pool, p.state_slots, p.num_acc, out=o)
-        o = o.view(M, hv, dv)
-        gated_rmsnorm(o, proj[:, C:z_end].view(M, hv, dv), w.norm, cfg.rms_norm_eps, y=o,
-                      clear=proj[:, z_end:z_end + 2 * hv] if p.deferred else None)
-        linear(o.view(M, -1), w.out_proj, out)
+            recur = ("gdn_verify", lambda: gdn_verify(q, k, v, a, bb, w.A_log, w.dt_bias, pool, p.state_slots,
+                                                      p.num_acc, out=o4))
+        clear = proj[:, z_end:z_end + 2 * hv] if p.deferred else None
+        return [("in_proj qkvz+ba", lambda: linear(y, w.in_proj, proj)),
+                ("conv1d", lambda: causal_conv1d(proj[:, :C].view(B, T, C), w.conv_weight, conv, p.rows,
+                                                 num_accepted=p.num_acc, out=mixed)),
+                recur,
+                ("gated_rmsnorm", lambda: gated_rmsnorm(o, proj[:, C:z_end].view(M, hv, dv), w.norm, cfg.rms_norm_eps,
+                                                        y=o, clear=clear)),
+                ("out_proj", lambda: linear(o.view(M, -1), w.out_proj, out))]
 
-    def _attention(self, w, cache, p: Pass, y, out):
+    def _attention(self, w, cache, p: Pass, y, out) -> list:
+        """A gated-attention mixer's launches: y [M, H] -> out [M, H] (layer_launches)."""
         cfg, b, M, B, T = self.cfg, self.buf, p.M, p.B, p.T
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         kc, vc, ks, vs = cache
-        proj = linear(y, w.qkv_gate, self._out(p, "proj", width(w.qkv_gate)))
+        proj = self._out(p, "proj", width(w.qkv_gate))
         kv = proj[:, 2 * hq * d:2 * hq * d + 2 * hkv * d]
         q, gate = b.q[:M], b.gate[:M]
-        qk_norm_rope(proj[:, :2 * hq * d], kv[:, :hkv * d], w.q_norm, w.k_norm, p.cos, p.sin, hq, hkv,
-                     cfg.rms_norm_eps, sigmoid_gate=True, q=q, k_out=b.k_out[:M], gate=gate, v=kv[:, hkv * d:],
-                     kv=(kc, vc, ks, vs, p.rows, p.kv_lens))
         o = b.dense(b.o, B, T, hq, d)
+        launches = [("qkv_gate", lambda: linear(y, w.qkv_gate, proj)),
+                    ("qk_norm_rope + kv write", lambda: qk_norm_rope(
+                        proj[:, :2 * hq * d], kv[:, :hkv * d], w.q_norm, w.k_norm, p.cos, p.sin, hq, hkv,
+                        cfg.rms_norm_eps, sigmoid_gate=True, q=q, k_out=b.k_out[:M], gate=gate, v=kv[:, hkv * d:],
+                        kv=(kc, vc, ks, vs, p.rows, p.kv_lens)))]
         if p.prefill:
-            prefill_attention(q.view(B, T, hq, d), kc, vc, ks, vs, p.rows, p.kv_lens, o)
-            o.mul_(gate.view(B, T, hq, d))
+            launches += [("attention", lambda: prefill_attention(q.view(B, T, hq, d), kc, vc, ks, vs, p.rows,
+                                                                 p.kv_lens, o)),
+                         ("output gate", lambda: o.mul_(gate.view(B, T, hq, d)))]
         else:
             nseg = min(choose_nseg(B, hkv, self.num_sms), b.nseg_max)
-            q = q.view(B, T, hq, d)
-            verify_attention(q, kc, vc, ks, vs, p.rows, p.kv_lens, o, b.partials, nseg, gate=gate.view(B, T, hq, d),
-                             fresh=T, cfg=verify_config(q, kc, vc, q_max=self._q_max(B)))
-        linear(o.view(M, -1), w.o_proj, out)
+            q4 = q.view(B, T, hq, d)
+            config = verify_config(q4, kc, vc, q_max=self._q_max(B))
+            launches.append(("attention", lambda: verify_attention(q4, kc, vc, ks, vs, p.rows, p.kv_lens, o,
+                                                                   b.partials, nseg, gate=gate.view(B, T, hq, d),
+                                                                   fresh=T, cfg=config)))
+        return launches + [("o_proj", lambda: linear(o.view(M, -1), w.o_proj, out))]
 
     # ------------------------------------------------------------------------------------------ passes
     def _target(self, p: Pass, ids):

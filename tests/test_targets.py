@@ -102,3 +102,20 @@ def test_fastest_pass_row_by_row():
     best = fastest([a, b, other])
     assert [r.get("us") for r in best] == [9.0, 7.0, 5]
     assert fastest([a])[1]["error"] == "boom"
+
+
+@pytest.mark.parametrize("B, k, ctx, nbytes", [
+    (1, 0, 4096, 14113385472), (1, 4, 4096, 15998684160), (64, 0, 4096, 32114684928), (64, 4, 4096, 55297717248),
+    (1, 1, 16384, 15012529152), (16, 3, 16384, 31266960384), (64, 4, 16384, 87509971968)])
+def test_step_bytes_match_the_recorded_steps(B, k, ctx, nbytes):
+    """The 27B step's bytes as bench.step counted them when it ran its own kernel chain (step-ctx4096-h200.json,
+    step-h200.json; draft vocabulary 32768), so rows before and after it drives the runner compare."""
+    assert targets.step_bytes(targets.CFG, B, k, ctx, 32768) == nbytes
+
+
+def test_layer_bytes_match_the_recorded_layers():
+    """layer-step-h200.json: B 1, T 5, 16k context."""
+    assert targets.layer_bytes(targets.CFG, "gdn", 1, 5, 16384) == 207035904
+    assert targets.layer_bytes(targets.CFG, "attn", 1, 5, 16384) == 225492992
+    with pytest.raises(ValueError, match="'moe'"):
+        targets.layer_bytes(targets.CFG, "moe", 1, 5, 16384)

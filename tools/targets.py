@@ -100,6 +100,45 @@ def int4_bytes(m, n, k, act_bytes=2):
     return n * k // 2 + n * (k // 128) * 2 + m * k * act_bytes + m * n * 2
 
 
+def int8_head_bytes(m, n, k, out_bytes=2):
+    """The bytes an int8 head (lm_head, draft head) out[m, n] = x[m, k] @ W[n, k]ᵀ must move: the codes, the fp16
+    row scales, the bf16 activations in and the outputs (out_bytes each)."""
+    return n * k + n * 2 + m * k * 2 + m * n * out_bytes
+
+
+def layer_bytes(cfg, kind: str, B: int, T: int, ctx: int) -> int:
+    """The bytes one decoder layer ("gdn" or "attn") of B rows × T tokens must move: its int4 weights and scales
+    (int4_bytes without activations: they are small), and its cache — a GDN layer's fp16 state read once and
+    written after each token, an attention layer's fp8 K and V of ctx cached tokens."""
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    if kind == "gdn":
+        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        mixer = [(cfg.linear_conv_dim + hv * dv + 2 * hv, H), (H, hv * dv)]          # in_proj qkvz+ba, out_proj
+        cache = (1 + T) * B * hv * dk * dv * 2
+    elif kind == "attn":
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        mixer = [(2 * hq * d + 2 * hkv * d, H), (H, hq * d)]                          # qkv_gate, o_proj
+        cache = B * ctx * hkv * d * 2
+    else:
+        raise ValueError(f"layer kind {kind!r}: expected 'gdn' or 'attn'")
+    return sum(int4_bytes(0, n, k) for n, k in mixer + [(2 * I, H), (H, I)]) + cache
+
+
+def step_bytes(cfg, B: int, k: int, ctx: int, draft_vocab: int) -> int:
+    """The bytes one MTP-k decode step of B sequences at ctx cached tokens must move (bench.step's roofline): the
+    verify pass at B·(k+1) rows — every layer (layer_bytes), the embedding's int8 rows in and bf16 out, the lm_head
+    with bf16 logits — and, k > 0, k draft passes at B rows, each reading the MTP's gated-attention layer, its fc
+    (2H -> H) and a draft head of draft_vocab rows."""
+    T, H = k + 1, cfg.hidden_size
+    kinds = {"linear_attention": "gdn", "full_attention": "attn"}
+    total = (sum(layer_bytes(cfg, kinds[t], B, T, ctx) for t in cfg.layer_types)
+             + int8_head_bytes(B * T, cfg.vocab_size, H) + 3 * B * T * H)
+    if k:
+        draft = layer_bytes(cfg, "attn", B, 1, ctx) + int4_bytes(B, H, 2 * H) + int8_head_bytes(B, draft_vocab, H)
+        total += k * draft
+    return total
+
+
 def int4_work_bytes(shape: str) -> int:
     """int4_bytes of a row's shape "<name> NxK M=m"."""
     dims, m = shape.rsplit(" ", 2)[1:]
