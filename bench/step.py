@@ -64,11 +64,12 @@ def tokens_per_step(k, accept) -> float:
 
 
 def at_context(runner, B: int, ctx: int):
-    """Slots 0 … B−1 as a decode at ctx finds them (module docstring): seq_len ctx − 1, num_acc k + 1,
-    emitted 1."""
+    """Slots 0 … B−1 as a decode at ctx finds them (module docstring): seq_len ctx − 1, num_acc k + 1, the state
+    in slot k, emitted 1."""
     b = runner.buf
     b.seq_len[:B].fill_(ctx - 1)
     b.num_acc[:B].fill_(runner.k + 1)
+    b.state_at[:B].fill_(runner.k)
     b.emitted[:B].fill_(1)
 
 
