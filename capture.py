@@ -21,7 +21,7 @@ import json
 import statistics
 import sys
 
-from graphs.plan import Fit, load_profile, plan, runner_parts
+from graphs.plan import Fit, bucket_k, load_profile, plan, runner_parts
 from layers.config import ConfigError, ModelConfig
 from layers.prepared import saved_weight_bytes
 
@@ -40,7 +40,8 @@ def gib(n) -> str:
 def print_plan(cfg, profile, fit: Fit, max_seqs: int, max_len: int) -> dict:
     """The plan table (stdout); returns it as a dict for --json."""
     p = plan(cfg, profile)
-    parts = runner_parts(cfg, max_seqs, max_len, fit.k, fit.chunk, profile["kv_dtype"], profile.get("sms", 132))
+    parts = runner_parts(cfg, max_seqs, max_len, fit.k, fit.chunk, profile["kv_dtype"], profile.get("sms", 132),
+                         ks=fit.ks)
     print(f"{profile['name']}: {profile['memory_gib']} GiB, {profile['bandwidth_GBps']} GB/s, spec_k {fit.k}, "
           f"prefill chunk {fit.chunk}")
     print("| part | size |\n|---|---|")
@@ -144,7 +145,8 @@ def main(argv=None):
                             ("--check-steps", args.check_steps)):
             if value is not None and value < (0 if flag == "--spec-k" else 1):
                 raise ValueError(f"{flag} must be {'>= 0' if flag == '--spec-k' else '>= 1'}, got {value}")
-        fit = Fit(cfg, profile, spec_k=args.spec_k, weight_bytes=saved_weight_bytes(args.model), body=args.body)
+        fit = Fit(cfg, profile, spec_k=args.spec_k, weight_bytes=saved_weight_bytes(args.model), body=args.body,
+                  ks=bucket_k(profile).values() if args.spec_k is None else ())
         max_len = args.max_len or min(16384, cfg.max_position_embeddings)
         max_seqs = args.max_seqs or max([b for b in profile["batch_buckets"] if fit.fits(b, max_len)] or [1])
         need = PROMPT_TOKENS + (max(args.check_steps, WARMUP_STEPS + TIMED_STEPS) + 1) * (fit.k + 1)

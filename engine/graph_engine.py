@@ -30,7 +30,7 @@ from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer, load_generation_defaults
-from graphs.plan import Fit, load_profile
+from graphs.plan import Fit, bucket_k, load_profile
 from graphs.runner import ModelRunner
 from layers.config import MAX_SPEC_K, ModelConfig
 from layers.prepared import MANIFEST, load_draft_vocab, load_prepared, prepare, saved_weight_bytes
@@ -128,10 +128,11 @@ class GraphEngine:
         """model_dir: a checkpoint (prepared on the device: int4 or bf16 body) or a prepared directory (its
         manifest.json; loaded as saved); either may hold a reduced draft vocabulary (layers.prepared.DRAFT_VOCAB),
         which the MTP then drafts from. profile: profiles/<name>.json (default detect_profile). spec_k: the
-        profile's by default; 0 without MTP weights. max_seqs: the largest batch bucket by default. max_len:
-        the longest that fits (graphs.plan.Fit: the weights, the runner's buffers and a reserve in the profile's
-        memory or the device's free memory, whichever is less); a configuration that does not fit fails before
-        anything is allocated, saying what would. graphs: capture a CUDA graph per bucket (CUDA only).
+        profile's by default, with its spec_k_by_bucket (a bucket's own draft count); 0 without MTP weights.
+        max_seqs: the largest batch bucket by default. max_len: the longest that fits (graphs.plan.Fit: the
+        weights, the runner's buffers and a reserve in the profile's memory or the device's free memory,
+        whichever is less); a configuration that does not fit fails before anything is allocated, saying what
+        would. graphs: capture a CUDA graph per bucket (CUDA only).
         progress: prepare's callback (default: a line on stderr)."""
         model_dir = model_dir or DEMO_MODEL
         check_model_dir(model_dir)
@@ -152,6 +153,7 @@ class GraphEngine:
         defaults = load_generation_defaults(model_dir, tokenizer)
         cfg = ModelConfig.from_dir(model_dir)
         k = prof["spec_k"] if spec_k is None else spec_k
+        per_bucket = bucket_k(prof) if spec_k is None else {}          # an explicit spec_k drafts it everywhere
         max_seqs = max_seqs or largest
         limit = cfg.max_position_embeddings
         if max_len is not None and max_len > limit:
@@ -159,7 +161,7 @@ class GraphEngine:
         chunk = prof.get("prefill_chunk", PREFILL_CHUNK)
         free = torch.cuda.mem_get_info(torch.device(device))[0] if torch.device(device).type == "cuda" else None
         fit = Fit(cfg, prof, spec_k=k, prefill_chunk=chunk, weight_bytes=saved_weight_bytes(model_dir), body=body,
-                  memory_bytes=free)
+                  memory_bytes=free, ks=per_bucket.values())
         if max_len is None:                           # the longest that fits (else check() says what would)
             max_len = fit.max_len(max_seqs) or k + 3
         fit.check(max_seqs, max_len)                  # before anything is allocated
@@ -170,10 +172,12 @@ class GraphEngine:
             prepared = load_prepared(model_dir, device)
         else:
             prepared = prepare(model_dir, device, body=body, progress=progress)
-        k = k if prepared.mtp is not None else 0
+        if prepared.mtp is None:
+            k, per_bucket = 0, {}
         runner = ModelRunner(prepared, max_seqs, max_len, spec_k=k, max_prefill=chunk,
                              kv_dtype=KV_DTYPES[prof["kv_dtype"]], device=device,
-                             draft_tokens=load_draft_vocab(model_dir, cfg.vocab_size) if k else None)
+                             draft_tokens=load_draft_vocab(model_dir, cfg.vocab_size) if k else None,
+                             bucket_k=per_bucket)
         timings = {"load_s": time.perf_counter() - started, "capture_s": 0.0, "capture_s_by_bucket": {}}
         if graphs and torch.device(device).type == "cuda":
             started = time.perf_counter()
@@ -223,8 +227,8 @@ class GraphEngine:
     def abort(self):
         """Forget every request (after a failed step, or an interrupt at any point): a fresh scheduler, all slots
         free (a slot's caches are reset when its next sequence prefills from position 0)."""
-        self.scheduler = Scheduler(self.max_seqs, self.buckets, self.spec_k, self.prefill_chunk,
-                                   self.prefill_budget, self.max_len)
+        self.scheduler = Scheduler(self.max_seqs, self.buckets, {b: self.runner.k_for(b) for b in self.buckets},
+                                   self.prefill_chunk, self.prefill_budget, self.max_len)
         self.requests = {}                            # Sequence -> Request: active ones and kept slots
         self.seed = None
 

@@ -64,6 +64,20 @@ def _check_profile(path: str, profile):
     buckets = profile["batch_buckets"]
     if not isinstance(buckets, list) or not buckets or not all(count(b) and b >= 1 for b in buckets):
         fail("batch_buckets", f"must be a non-empty list of batch sizes >= 1, got {buckets!r}")
+    by_bucket = profile.get("spec_k_by_bucket", {})       # optional: {"64": 1, …}, the others draft spec_k
+    if not isinstance(by_bucket, dict):
+        fail("spec_k_by_bucket", f"must be an object of bucket: drafts, got {by_bucket!r}")
+    for b, k in by_bucket.items():
+        if not (b.isdigit() and int(b) in buckets):
+            fail("spec_k_by_bucket", f"{b!r} is not one of batch_buckets {buckets}")
+        if not count(k) or not 0 <= k <= profile["spec_k"]:
+            fail("spec_k_by_bucket", f"bucket {b}: drafts must be an integer in [0, spec_k = {profile['spec_k']}], "
+                 f"got {k!r}")
+
+
+def bucket_k(profile: dict) -> dict:
+    """{bucket: drafts} of the profile's spec_k_by_bucket (the buckets it leaves out draft spec_k)."""
+    return {int(b): k for b, k in profile.get("spec_k_by_bucket", {}).items()}
 
 
 @dataclass
@@ -164,10 +178,11 @@ class Fit:
     buffers + RESERVE_BYTES. spec_k / prefill_chunk default to the profile's."""
 
     def __init__(self, cfg: ModelConfig, profile: dict, spec_k: int = None, prefill_chunk: int = None,
-                 weight_bytes: int = None, body: str = "int4", memory_bytes: int = None):
+                 weight_bytes: int = None, body: str = "int4", memory_bytes: int = None, ks=()):
         """weight_bytes: the weights' size where known (a prepared directory's files), else the plan's estimate
-        for `body` (int4 or bf16 body linears); memory_bytes: less than the profile's (a smaller device)."""
-        self.cfg, self.profile = cfg, profile
+        for `body` (int4 or bf16 body linears); memory_bytes: less than the profile's (a smaller device); ks: the
+        buckets' draft counts where they differ from spec_k."""
+        self.cfg, self.profile, self.ks = cfg, profile, tuple(ks)
         self.k = profile["spec_k"] if spec_k is None else spec_k
         self.chunk = profile["prefill_chunk"] if prefill_chunk is None else prefill_chunk
         bits = 16 if body == "bf16" else 4.25
@@ -178,7 +193,7 @@ class Fit:
 
     def runner(self, max_seqs: int, max_len: int) -> int:
         return runner_bytes(self.cfg, max_seqs, max_len, self.k, self.chunk, self.profile["kv_dtype"],
-                            self.profile.get("sms", 132))
+                            self.profile.get("sms", 132), ks=self.ks)
 
     def needed(self, max_seqs: int, max_len: int) -> int:
         return self.weights + self.runner(max_seqs, max_len) + RESERVE_BYTES

@@ -46,6 +46,18 @@ def test_a_plan_that_does_not_fit_fails_before_loading(load, tmp_path, monkeypat
         load(profile=str(small))
 
 
+@pytest.mark.slow
+def test_buckets_draft_their_own_counts(load, alone, tmp_path):
+    """A profile's spec_k_by_bucket: one row drafts 0, two rows 1, three rows spec_k = 2; outputs as alone."""
+    path = tmp_path / "per-bucket.json"
+    path.write_text(json.dumps({**PROFILE, "spec_k": 2, "spec_k_by_bucket": {"1": 0, "2": 1}}))
+    engine = load(profile=str(path), spec_k=None)
+    assert engine.scheduler.spec_k == {1: 0, 2: 1, 3: 2} and engine.spec_k == 2
+    results = engine.generate_many([dict(prompt_ids=p, max_new_tokens=6, sampling=GREEDY, ignore_eos=True)
+                                    for p in PROMPTS])
+    assert [r.token_ids for r in results] == alone
+
+
 @pytest.fixture(scope="module")
 def plain(load):
     return load(spec_k=0)
@@ -161,6 +173,9 @@ class CountingRunner:
 
     def set_sampling(self, slot, *args):
         pass
+
+    def k_for(self, B):
+        return self.k
 
     def set_seed(self, seed):
         pass

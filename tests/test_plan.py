@@ -45,6 +45,9 @@ def test_capture_reports_errors(capsys):
     (lambda p: p.update(kv_dtype="int3"), "kv_dtype"), (lambda p: p.pop("spec_k"), "spec_k"),
     (lambda p: p.update(spec_k=-1), "spec_k"), (lambda p: p.pop("prefill_chunk"), "prefill_chunk"),
     (lambda p: p.update(prefill_chunk=0), "prefill_chunk"), (lambda p: p.update(prefill_budget=2.5), "prefill_budget"),
+    (lambda p: p.update(spec_k_by_bucket=[1]), "spec_k_by_bucket"),
+    (lambda p: p.update(spec_k_by_bucket={"3": 1}), "spec_k_by_bucket"),
+    (lambda p: p.update(spec_k_by_bucket={"64": 5}), "spec_k_by_bucket"),
 ])
 def test_profile_fields_are_checked_by_name(tmp_path, capsys, edit, field):
     """A bad profile field fails in one line naming it (they raised tracebacks, or printed a nonsense plan)."""
