@@ -231,6 +231,8 @@ class GraphEngine:
                                    self.prefill_chunk, self.prefill_budget, self.max_len)
         self.requests = {}                            # Sequence -> Request: active ones and kept slots
         self.seed = None
+        self._ahead = None                            # (plan, StepOutput) of a step enqueued ahead (step())
+        self._last_wait = None                        # when the last step's tokens arrived (step_ms)
 
     @property
     def has_work(self) -> bool:
@@ -255,13 +257,55 @@ class GraphEngine:
 
     # ------------------------------------------------------------------------------------------ the loop
     def step(self) -> list:
-        """One scheduler step (module docstring). Returns the requests that finished in it."""
+        """One scheduler step (module docstring). Returns the requests that finished in it.
+
+        Where the scheduler can tell the next step's rows before this one's tokens are read (schedule_ahead: a
+        steady batch, nothing prefilling, no conversation keeping its slot), the next step is enqueued first, so
+        the host's reading, delivering and scheduling hide under it (a row that finished runs one round more,
+        unread); its plan is taken up by the next call."""
         runner, scheduler = self.runner, self.scheduler
-        plan = scheduler.schedule()
-        if self.seed is None and (plan.prefill or plan.bucket):
-            self._seed(plan)
-        nvtx = self.profiler is not None
-        sampled = []
+        if self._ahead is not None:                   # enqueued by the last call
+            plan, fetched = self._ahead
+            sampled = []
+        else:
+            plan = scheduler.schedule()
+            if self.seed is None and (plan.prefill or plan.bucket):
+                self._seed(plan)
+            sampled = self._prefill(plan)
+            fetched = self._launch(plan) if plan.bucket else None
+        ahead = scheduler.schedule_ahead() if plan.bucket else None
+        self._ahead = (ahead, self._launch(ahead)) if ahead is not None else None
+        decoded, seconds = [], 0.0
+        if fetched is not None:
+            out, launched = fetched
+            decoded = out.wait()
+            now = time.perf_counter()              # a step's time: from its launch, or the last step's tokens
+            seconds, self._last_wait = now - max(launched, self._last_wait or launched), now
+            if self.profiler is not None:
+                self.profiler.after_step()
+        rows = {seq: i for i, seq in enumerate(plan.rows[:plan.num_decode])}
+        finished = []
+        for seq, kept in scheduler.update(plan, decoded, sampled):
+            request = self.requests[seq]
+            row = rows.get(seq)
+            if row is not None:
+                request.step_seconds += seconds
+                if seq.keep_slot and seq.slot is not None and len(kept) < len(decoded[row]):
+                    runner.cut_round(seq.slot, len(kept))
+            self._deliver(request, kept, row, plan.bucket)
+            if seq.finished:
+                finished.append(self._finish(request))
+        if self._ahead is not None and not scheduler.running:
+            finished += self.step()                   # nothing left to run ahead of: settle the step in flight
+        if not scheduler.has_work:
+            self._last_wait = None
+            if self.profiler is not None:
+                self.profiler.stop()
+        return finished
+
+    def _prefill(self, plan) -> list:
+        """plan's prefill chunks on the runner; per chunk the first token sampled (its last chunk) or None."""
+        runner, sampled, nvtx = self.runner, [], self.profiler is not None
         for chunk in plan.prefill:
             seq, request = chunk.seq, self.requests[chunk.seq]
             if not request.started:                   # it has just taken its slot
@@ -279,35 +323,19 @@ class GraphEngine:
                 sampled.append(None)
             if nvtx:
                 torch.cuda.nvtx.range_pop()
-        decoded, seconds = [], 0.0
-        if plan.bucket:
-            if self.profiler is not None:
-                self.profiler.before_step()
-            if nvtx:
-                torch.cuda.nvtx.range_push(f"step[B={plan.bucket},k={plan.k}]")
-            started = time.perf_counter()
-            runner.step(plan.slots)
-            decoded = runner.fetch(plan.bucket).wait()
-            seconds = time.perf_counter() - started
-            if nvtx:
-                torch.cuda.nvtx.range_pop()
-            if self.profiler is not None:
-                self.profiler.after_step()
-        rows = {seq: i for i, seq in enumerate(plan.rows[:plan.num_decode])}
-        finished = []
-        for seq, kept in scheduler.update(plan, decoded, sampled):
-            request = self.requests[seq]
-            row = rows.get(seq)
-            if row is not None:
-                request.step_seconds += seconds
-                if seq.keep_slot and seq.slot is not None and len(kept) < len(decoded[row]):
-                    runner.cut_round(seq.slot, len(kept))
-            self._deliver(request, kept, row, plan.bucket)
-            if seq.finished:
-                finished.append(self._finish(request))
-        if self.profiler is not None and not scheduler.has_work:
-            self.profiler.stop()
-        return finished
+        return sampled
+
+    def _launch(self, plan):
+        """Enqueue plan's decode step and the copy of its tokens: (the StepOutput to wait on, when)."""
+        launched = time.perf_counter()
+        if self.profiler is not None:
+            self.profiler.before_step()
+            torch.cuda.nvtx.range_push(f"step[B={plan.bucket},k={plan.k}]")
+        self.runner.step(plan.slots)
+        fetched = self.runner.fetch(plan.bucket)
+        if self.profiler is not None:
+            torch.cuda.nvtx.range_pop()
+        return fetched, launched
 
     def _seed(self, plan):
         """Seed the sampler as the engine starts from idle (module docstring)."""

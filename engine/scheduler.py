@@ -94,7 +94,7 @@ class Scheduler:
         self.resuming = deque()                            # follow-up turns, in their slot
         self.prefilling, self.running = [], []
         self._arrivals = 0
-        self._plan = None                                  # the plan schedule() handed out, until update()
+        self._outstanding = []                             # plans handed out and not yet update()d, in order
 
 
     def add(self, seq: Sequence, follows: Sequence | None = None):
@@ -149,7 +149,7 @@ class Scheduler:
         self._finish(seq, "stop", self.clock())
 
     def _between_steps(self, what):
-        if self._plan is not None:
+        if any(plan.prefill for plan in self._outstanding):   # decode rows are skipped once finished; chunks not
             raise RuntimeError(f"{what}() between schedule() and update(): the step's plan still uses the sequence")
 
     def _drop_active(self, seq):
@@ -164,7 +164,7 @@ class Scheduler:
 
 
     def schedule(self) -> StepPlan:
-        if self._plan is not None:
+        if self._outstanding:
             raise RuntimeError("schedule() called again before update() of the previous plan")
         chunks, budget = [], self.prefill_budget
         for seq in self.prefilling:
@@ -190,8 +190,24 @@ class Scheduler:
             k = self.spec_k[bucket]
         else:
             bucket, rows, slots, k = 0, [], [], 0
-        self._plan = StepPlan(chunks, rows, slots, n, bucket, k)
-        return self._plan
+        self._outstanding.append(StepPlan(chunks, rows, slots, n, bucket, k))
+        return self._outstanding[-1]
+
+    def schedule_ahead(self) -> StepPlan | None:
+        """The plan of the step after the one handed out last (by schedule() or schedule_ahead()), made before that
+        one's update() so the caller can start it before it reads the first's tokens: the same rows, no prefill.
+        Only where the rows cannot change but by finishing — nothing prefilling or resuming (a new request waits
+        a step for a freed slot), no running sequence keeping its slot (its caches must end where its tokens do)
+        or asking for logprobs (the step's logits are read after it) — and one plan at most ahead: update() then
+        skips the rows whose sequences finished in the step before. None where it cannot be known."""
+        plan = self._outstanding[0] if len(self._outstanding) == 1 else None
+        if (plan is None or not plan.bucket or plan.prefill or self.prefilling or self.resuming
+                or not any(s is not None and s.status is Status.RUNNING for s in plan.rows)
+                or any(s.keep_slot or s.logprobs is not None for s in self.running)):
+            return None
+        self._outstanding.append(StepPlan([], list(plan.rows), list(plan.slots), plan.num_decode, plan.bucket,
+                                          plan.k))
+        return self._outstanding[-1]
 
     def _chunks(self, seq, budget, chunks) -> int:
         """Plan seq's next chunks within budget; the budget left."""
@@ -208,8 +224,9 @@ class Scheduler:
         given, are ignored), sampled[j] the first token sampled by chunk plan.prefill[j] where it is the last
         (ignored otherwise). Returns (sequence, tokens appended) for every sequence that got tokens, cut at a
         stop id or max_new_tokens; finished sequences have freed their slots (unless keep_slot)."""
-        if plan is not self._plan:
-            raise RuntimeError("update() of a plan that is not the one schedule() handed out last")
+        if not self._outstanding or plan is not self._outstanding[0]:
+            raise RuntimeError("update() of a plan that is not the one schedule() handed out last (or, ahead of "
+                               "it, schedule_ahead())")
         if len(decoded) < plan.num_decode:
             raise ValueError(f"update: {len(decoded)} decoded rows for {plan.num_decode} decoding sequences")
         if len(sampled) < len(plan.prefill):
@@ -220,11 +237,13 @@ class Scheduler:
             i = next(i for i, m in enumerate(lengths) if not 1 <= m <= k + 1)
             raise ValueError(f"update: sequence {plan.rows[i].seq_id!r} emitted {lengths[i]} tokens; a step with "
                              f"k = {k} emits 1 to {k + 1}")
-        self._plan = None
+        self._outstanding.pop(0)
         now, out, done = self.clock(), [], False
         for seq, tokens in zip(plan.rows, decoded):
             if seq is None:
                 break
+            if seq.status is not Status.RUNNING:      # finished since the plan was made (schedule_ahead, finish)
+                continue
             kept, reason = self._append(seq, tokens)
             seq.stats.steps += 1
             seq.stats.count_round(k, min(len(tokens) - 1, len(kept)))

@@ -198,7 +198,8 @@ class CountingRunner:
             self.out.append(row)
 
     def fetch(self, B):
-        return SimpleNamespace(wait=lambda: self.out)
+        out = [list(row) for row in self.out]         # this step's, whatever steps are launched after it
+        return SimpleNamespace(wait=lambda: out)
 
     def step_logits(self, B):
         return self._logits(self.out).view(B, self.k + 1, -1)
@@ -226,3 +227,17 @@ def test_rounds_cut_by_a_stop_the_runner_too():
     assert result.token_ids == seen == [12, 13] and result.finish_reason == "stop"
     assert [e.token for e in result.logprobs] == [12, 13] and result.stats.generated == 2
     assert engine.generate([40], 20, GREEDY).token_ids == list(range(41, 50))      # the default stop id, 49
+
+
+def test_steps_run_ahead_and_give_the_same_tokens():
+    """A steady batch launches each step before reading the one before (schedule_ahead): the tokens are those of
+    steps read one at a time, a sequence finishing ahead of the others loses nothing, the engine ends idle."""
+    engine, runner = counting_engine(max_seqs=2)
+    launched = []
+    step = runner.step
+    runner.step = lambda slots: launched.append(list(slots)) or step(slots)
+    results = engine.generate_many([dict(prompt_ids=[1], max_new_tokens=7, sampling=GREEDY, ignore_eos=True),
+                                    dict(prompt_ids=[20], max_new_tokens=16, sampling=GREEDY, ignore_eos=True)])
+    assert [r.token_ids for r in results] == [list(range(2, 9)), list(range(21, 37))]
+    assert len(launched) > results[1].stats.steps          # one round ran ahead, past the first one's end
+    assert not engine.has_work and engine._ahead is None

@@ -332,3 +332,35 @@ def test_randomized_simulation_keeps_every_invariant(seed):
             assert q.finish_reason == "length"
             assert len(out) == q.max_new_tokens or q.num_cached + spec_k + 1 > max_len
         assert q.stats.accepted == sum(q.stats.accepted_per_position) <= q.stats.drafted == spec_k * q.stats.steps
+
+
+def test_a_step_ahead_keeps_the_rows_and_skips_the_finished():
+    """schedule_ahead(): the next step's plan before this one's update (same rows, no prefill); update() of it
+    skips a row whose sequence finished in the step before; none while a sequence prefills, keeps its slot or
+    wants logprobs, or when no row of the plan is running any more."""
+    s = make(num_slots=2)
+    a, b = seq("a", max_new=3), seq("b", max_new=9)
+    s.add(a)
+    s.add(b)
+    first = s.schedule()
+    assert s.schedule_ahead() is None                              # prefilling
+    s.update(first, [], [10, 20])
+    plan = s.schedule()
+    ahead = s.schedule_ahead()
+    assert ahead.rows[:2] == plan.rows[:2] and not ahead.prefill and s.schedule_ahead() is None
+    with pytest.raises(RuntimeError, match="again before update"):
+        s.schedule()
+    s.update(plan, [[11, 12], [21]], [])                           # a reaches max_new_tokens
+    assert a.finished and not b.finished
+    out = s.update(ahead, [[13], [22]], [])
+    assert [(x.seq_id, t) for x, t in out] == [("b", [22])] and a.output_ids == [10, 11, 12]
+    plan = s.schedule()
+    s.finish(b)
+    assert s.schedule_ahead() is None                              # no row still running
+    s.update(plan, [[23]], [])
+    assert b.output_ids == [20, 21, 22]
+    c = seq("c", max_new=9, logprobs=0)
+    s.add(c)
+    s.update(s.schedule(), [], [30])
+    s.schedule()
+    assert s.schedule_ahead() is None                              # logprobs read the step's logits
