@@ -7,7 +7,8 @@ token read back) -> one MTP-k step over the running sequences' slots (runner.ste
 update() -> each sequence's new tokens handed to its consumer one at a time, as Engine.generate's emit does (a
 consumer returning True ends the sequence there: Scheduler.finish). A conversation's sequence keeps its slot
 (keep_slot) and a round cut short by a stop id or max_new_tokens is cut on the runner too (cut_round), so the
-next turn prefills only its new tokens (submit(..., follows=previous)).
+next turn prefills only its new tokens (submit(..., follows=previous)). In a steady batch the next step is
+launched before this one's tokens are read (Scheduler.schedule_ahead), so the host's work hides under the GPU's.
 
 Sampling is per sequence (runner.set_sampling when it takes its slot). The runner has one Philox stream: when
 the engine goes from idle to busy it is seeded from the first queued request that carries a seed (fresh entropy
