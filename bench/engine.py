@@ -6,9 +6,9 @@ and .md (bench/harness.write_results: the GPU, the copy bandwidth measured in th
 
 Parts (each selectable):
   step          one request at --ctx context on --model (the random 27B prepared dir, tools/random_model.py),
-                really prefilled, for each k: the runner's replayed step (CUDA events), its phases each captured
-                as its own graph (ModelRunner.step_phases: draft / verify / sample …), the host gap (a run.py-like
-                loop: wall time per step − the replayed step), the roofline of the step's bytes
+                really prefilled, for each k: the runner's replayed step and its phases (bench.step.replayed: each
+                phase captured as its own graph), the host gap (a run.py-like loop: wall time per step − the
+                replayed step), the roofline of the step's bytes
                 (tools.targets.step_bytes), and tok/s projected at --accept (bench.step.tokens_per_step). bench.step
                 times the same runner on a random model made in memory, its context set rather than prefilled
   demo          `run.py --model models/demo --json --ignore-eos --max-new-tokens 256` on the GPU, k 0 and 4, greedy
@@ -132,19 +132,6 @@ def part_demo(args) -> list:
 
 
 # ------------------------------------------------------------------------------------------------ step
-def time_graph_ms(graph, reps=20) -> float:
-    import torch
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def fill_context(runner, ctx: int):
     """Slot 0 prefilled with ctx prompt tokens, chunk by chunk."""
     import random
@@ -157,7 +144,7 @@ def fill_context(runner, ctx: int):
 
 def part_step(args, peak) -> list:
     import torch
-    from bench.step import tokens_per_step
+    from bench.step import at_context, replayed, tokens_per_step
     from graphs.runner import ModelRunner
     from layers.prepared import load_draft_vocab, load_prepared
     from tools.targets import row, step_bytes
@@ -170,41 +157,23 @@ def part_step(args, peak) -> list:
                              draft_tokens=draft if k else None)
         runner.capture([1])
         fill_context(runner, args.ctx)
-        steps = []
-        for _ in range(30):                           # the replayed step alone
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            runner.step([0])
-            end.record()
-            end.synchronize()
-            steps.append(start.elapsed_time(end))
+        runner.set_rows([0])
+        step_us, phases = replayed(runner, 1, lambda r=runner: at_context(r, 1, args.ctx))   # trials from ctx
         wall = []
         for _ in range(30):                           # as run.py's loop: step, fetch, wait for the tokens
             t = time.perf_counter()
             runner.step([0])
             runner.fetch(1).wait()
             wall.append((time.perf_counter() - t) * 1e3)
-        phases = {}
-        runner.set_rows([0])
-        for name, fn in runner.step_phases(1):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            phases[name] = graph
-        phase_ms = {name: [] for name in phases}
-        for _ in range(20):                           # the phases in order: together a step
-            for name, graph in phases.items():
-                phase_ms[name].append(time_graph_ms(graph, reps=1))
-        step_us = statistics.median(steps) * 1e3
         tokens = tokens_per_step(k, args.accept)
         rows.append(row("runner step", f"B1 k{k} ctx{args.ctx}", step_us,
                         step_bytes(prepared.cfg, 1, k, args.ctx, draft_vocab), 0, peak,
-                        **{f"{n}_us": round(statistics.median(v) * 1e3, 1) for n, v in phase_ms.items()},
+                        **{f"{n}_us": round(us, 1) for n, us in phases},
                         host_gap_us=round((statistics.median(wall)) * 1e3 - step_us, 1),
                         tokens_per_step=round(tokens, 2),
                         tok_s=round(tokens / (step_us * 1e-6), 1)))
         print(rows[-1], flush=True)
-        del runner, phases
+        del runner
         torch.cuda.empty_cache()
     return rows
 

@@ -103,6 +103,13 @@ def measure(prepared, B: int, k: int, ctx: int, draft_vocab: int) -> tuple:
     runner.capture([B])                           # warms up and captures on padding rows
     runner.set_rows(list(range(B)))
     reset = lambda: at_context(runner, B, ctx)
+    step_us, phases = replayed(runner, B, reset)
+    return step_us, graph_nodes(lambda: runner.run_step(B)), phases
+
+
+def replayed(runner, B: int, reset) -> tuple:
+    """(µs a replay of the runner's captured bucket B, [(phase, µs)]: each of ModelRunner.step_phases captured as
+    its own graph, replayed in order), by replay_us with reset() before each trial."""
     step_us, = replay_us([runner.graphs[B]], reset)
     phases = []
     for name, fn in runner.step_phases(B):
@@ -111,8 +118,7 @@ def measure(prepared, B: int, k: int, ctx: int, draft_vocab: int) -> tuple:
             fn()
         phases.append((name, graph))
     phase_us = replay_us([graph for _, graph in phases], reset)
-    launches = graph_nodes(lambda: runner.run_step(B))
-    return step_us, launches, [(name, us) for (name, _), us in zip(phases, phase_us)]
+    return step_us, [(name, us) for (name, _), us in zip(phases, phase_us)]
 
 
 def run(batches, ks, ctx, draft_vocab, accept, device="cuda"):
