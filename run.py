@@ -136,9 +136,8 @@ def _max_seqs(args) -> int | None:
         return args.max_seqs
     if args.interactive:
         return 1
-    from engine.graph_engine import detect_profile
-    from graphs.plan import load_profile
-    return min(len(args.prompt), max(load_profile(args.profile or detect_profile(args.device))["batch_buckets"]))
+    from engine.graph_engine import device_profile
+    return min(len(args.prompt), max(device_profile(args.profile, args.device)["batch_buckets"]))
 
 
 def _load(args):

@@ -41,11 +41,13 @@ KV_DTYPES = {"fp8_e4m3": torch.uint8, "bfloat16": torch.bfloat16}
 PROFILE_WARMUP = 8                 # decode steps before the profiler window opens (--profile-steps)
 
 
-def detect_profile(device: str) -> str:
-    """The hardware profile for `device`: rtx3090 for a GPU named so, else h200 (the CPU too)."""
-    if torch.device(device).type == "cuda" and "3090" in torch.cuda.get_device_name(device):
-        return "rtx3090"
-    return "h200"
+def device_profile(name: str | None, device: str) -> dict:
+    """profiles/<name>.json (graphs.plan.load_profile); without a name, `device`'s: rtx3090 for a GPU named so,
+    else h200 (the CPU too)."""
+    if not name:
+        name = "rtx3090" if torch.device(device).type == "cuda" and "3090" in torch.cuda.get_device_name(device) \
+            else "h200"
+    return load_profile(name)
 
 
 def buckets_for(profile: dict, max_seqs: int) -> list:
@@ -128,7 +130,7 @@ class GraphEngine:
              body: str = "int4", graphs: bool = True, progress: Callable | None = None) -> "GraphEngine":
         """model_dir: a checkpoint (prepared on the device: int4 or bf16 body) or a prepared directory (its
         manifest.json; loaded as saved); either may hold a reduced draft vocabulary (layers.prepared.DRAFT_VOCAB),
-        which the MTP then drafts from. profile: profiles/<name>.json (default detect_profile). spec_k: the
+        which the MTP then drafts from. profile: profiles/<name>.json (default device_profile's). spec_k: the
         profile's by default, with its spec_k_by_bucket (a bucket's own draft count); 0 without MTP weights.
         max_seqs: the largest batch bucket by default. max_len: the longest that fits (graphs.plan.Fit: the
         weights, the runner's buffers and a reserve in the profile's memory or the device's free memory,
@@ -139,7 +141,7 @@ class GraphEngine:
         check_model_dir(model_dir)
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but CUDA is not available here")
-        prof = load_profile(profile or detect_profile(device))
+        prof = device_profile(profile, device)
         if prof["kv_dtype"] not in KV_DTYPES:
             raise ValueError(f"profile {prof['name']!r}: kv_dtype {prof['kv_dtype']!r}; the runner's KV cache is "
                              f"one of {', '.join(KV_DTYPES)}")
