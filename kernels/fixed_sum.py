@@ -45,6 +45,10 @@ def load(ptrs, mask):
 
 @triton.jit
 def clear(ptrs, mask):
-    """Zero int64 sums after their last read (stored activations: nothing)."""
+    """Zero int64 sums after this program's last read of them (stored activations: nothing). A CTA barrier comes
+    first: the compiler may give the zero store another thread mapping than the loads (a [8192] int64 row: 8
+    elements a thread loaded, 2 a thread stored), so without it one thread could zero an element another has yet
+    to read. Call it where every thread of the program reaches it (no branch on per-thread values)."""
     if ptrs.dtype.element_ty == tl.int64:
+        tl.debug_barrier()
         tl.store(ptrs, 0, mask=mask)

@@ -2,8 +2,8 @@
 sm_90 (H100/H200) on a machine without a GPU: `python -m tools.aot_compile [86] [90]` (default both).
 
 The interpreter runs the kernels' logic on the CPU but never compiles them, so it misses what only the compiler
-sees: type errors in code paths it takes differently, and launches that need more shared memory than the card has
-(sm_86: 99 KiB per block). Wrappers are called with meta tensors; their kernel launches are recorded instead of run,
+sees: type errors in code paths it takes differently, launches that need more shared memory than the card has
+(sm_86: 99 KiB per block), and int64 sums zeroed with no CTA barrier after their loads (unordered_clears). Wrappers are called with meta tensors; their kernel launches are recorded instead of run,
 then compiled for each target. Must run without TRITON_INTERPRET (tests/test_kernels_compile.py starts it so)."""
 import contextlib
 import itertools
@@ -183,6 +183,25 @@ def resources(cubin: bytes) -> str:
     return f"regs {found[1]:>3} stack {found[2]:>4}" if found else "regs   ? stack    ?"
 
 
+def unordered_clears(ttgir: str) -> int:
+    """Stores of int64 zeros (kernels/fixed_sum.clear) with a load of int64 tensors before them and no CTA barrier
+    between: the compiler may map the store's elements to other threads than the load's, so a thread could zero
+    what another has yet to read. A scan of the TritonGPU IR in program order."""
+    zeros, loaded, found = set(), False, 0
+    for line in ttgir.splitlines():
+        const = re.match(r"\s*(%[\w.]+) = arith\.constant dense<0> : tensor<[^>]*xi64", line)
+        if const:
+            zeros.add(const[1])
+        elif "gpu.barrier" in line:
+            loaded = False
+        elif re.search(r"= tt\.load .*!tt\.ptr<i64>", line):
+            loaded = True
+        else:
+            store = re.match(r"\s*tt\.store %[\w.]+, (%[\w.]+)[,\s].*!tt\.ptr<i64>", line)
+            found += bool(store and store[1] in zeros and loaded)
+    return found
+
+
 def signature(fn, args, kwargs):
     """(signature, constexprs, attrs) as the JIT would specialise this launch: integers equal to 1 become constants,
     pointers (16-byte aligned, as torch allocates) and integers divisible by 16 carry tt.divisibility 16, which
@@ -253,7 +272,10 @@ def main(argv=()):
                         compiled = triton.compile(source,
                                                   target=GPUTarget("cuda", arch, 32), options=options)
                         shared, usage = compiled.metadata.shared, resources(compiled.asm["cubin"])
-                        status = "ok" if shared <= target["smem"] else f"needs {shared} B shared memory"
+                        racy = unordered_clears(compiled.asm["ttgir"])
+                        status = ("ok" if shared <= target["smem"] and not racy else
+                                  f"needs {shared} B shared memory" if shared > target["smem"] else
+                                  f"{racy} int64 clears not ordered after their loads by a barrier")
                     except Exception as e:
                         status = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
                         shared, usage = -1, ""

@@ -45,9 +45,7 @@ def _qk_norm_rope_kernel(qg_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr,
     rot = d < RD
     pd = tl.where(d < half, d + half, d - half)
     xp = fixed_sum.load(src + pd, rot)
-    if qg_ptr.dtype.element_ty == tl.int64:
-        tl.debug_barrier()                      # every thread's partner read before the row is cleared
-    fixed_sum.clear(src + d, m)
+    fixed_sum.clear(src + d, m)                 # after every thread's reads, its partner's included
     yp = rne(xp * rstd * (1.0 + tl.load(w_ptr + pd, mask=rot, other=0.0).to(tl.float32)), dt)
     yp = tl.where(d < half, -yp, yp)
     c = tl.load(cos_ptr + t * cs_stride + d, mask=rot, other=0.0).to(tl.float32)
