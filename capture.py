@@ -111,10 +111,11 @@ def capture(args, profile, max_seqs: int, max_len: int) -> dict:
     runner, t = engine.runner, engine.timings
     seconds = t["capture_s_by_bucket"]
     print(f"loaded in {t['load_s']:.1f} s; capture of buckets {sorted(seconds, reverse=True)} in "
-          f"{t['capture_s']:.1f} s; start-up {t['load_s'] + t['capture_s']:.1f} s; peak "
-          f"{gib(torch.cuda.max_memory_allocated())}")
+          f"{t['capture_s']:.1f} s ({t['compiled']} kernels compiled ahead in {t['compile_s']:.1f} s); start-up "
+          f"{t['load_s'] + t['capture_s']:.1f} s; peak {gib(torch.cuda.max_memory_allocated())}")
     print("\n| batch | capture s | replay check | step ms |\n|---|---|---|---|")
-    result = {"load_s": t["load_s"], "capture_s": seconds, "startup_s": t["load_s"] + t["capture_s"],
+    result = {"load_s": t["load_s"], "capture_s": seconds, "compile_s": t["compile_s"], "compiled": t["compiled"],
+              "startup_s": t["load_s"] + t["capture_s"],
               "replay_ok": {}, "step_ms": {}}
     for B in sorted(seconds, reverse=True):
         result["replay_ok"][B] = replay_check(runner, B, args.check_steps)

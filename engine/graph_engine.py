@@ -108,7 +108,7 @@ class _Profiler:
 class GraphEngine:
     """Engine's surface (tokenizer, defaults, model_dir, spec_k, cfg, max_context, generate) plus continuous
     batching: submit() queues a request, step() advances every request in flight, wait() / generate_many() step
-    until theirs are done. runner: a ModelRunner (or one with its interface); timings: load_s, capture_s."""
+    until theirs are done. runner: a ModelRunner (or one with its interface); timings: load_s, capture_s (compile_s and compiled: its kernels compiled ahead)."""
 
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, defaults, model_dir: str, profile: dict,
                  timings: dict):
@@ -186,6 +186,7 @@ class GraphEngine:
             started = time.perf_counter()
             timings["capture_s_by_bucket"] = runner.capture(buckets_for(prof, max_seqs))
             timings["capture_s"] = time.perf_counter() - started
+            timings["compile_s"], timings["compiled"] = runner.compile_s, runner.compiled_ahead
         return cls(runner, tokenizer, defaults, model_dir, prof, timings)
 
     # ------------------------------------------------------------------------------------------ requests

@@ -40,6 +40,7 @@ from kernels.gdn import causal_conv1d, gdn_prefill, gdn_verify
 from kernels.int4 import defers, int4_linear
 from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
+from kernels.precompile import compile_ahead
 from kernels.sampler import SamplingTensors, rejection_sample, sample, sample_drafts, target_to_draft
 from kernels import device as gpu
 from layers.config import MAX_SPEC_K
@@ -159,6 +160,7 @@ class ModelRunner:
         self.prefill_pieces = self.device.type == "cuda"
         self._slots = None                            # the slot list buf.rows holds
         self._fetches = 0
+        self.compiled_ahead, self.compile_s = 0, 0.0  # capture(): kernels compiled ahead, and the seconds it took
 
     # ------------------------------------------------------------------------------------------ one layer
     def _layer(self, w, cache, p: Pass, first: bool):
@@ -573,16 +575,22 @@ class ModelRunner:
 
     def capture(self, buckets) -> dict:
         """One CUDA graph of run_step(B) for each bucket B, captured largest first into one memory pool after a
-        warm-up launch (which resolves every launch config and compiles the kernels) on padding rows — which
-        write nothing a sequence reads, so this is harmless at any time. step() replays them. Returns
-        {B: seconds of warm-up + capture}."""
+        warm-up launch (which resolves every launch config) on padding rows — which write nothing a sequence's
+        caches hold, so this is harmless at any time. First, every kernel the buckets' steps and the prefill
+        passes need is compiled by parallel processes (kernels.precompile; compiled_ahead, compile_s). step()
+        replays the graphs. Returns {B: seconds of warm-up + capture}."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device; on the CPU step() launches eagerly")
         pool = self.graphs[max(self.graphs)].pool() if self.graphs else torch.cuda.graph_pool_handle()
-        seconds = {}
-        for B in sorted(set(buckets), reverse=True):
+        buckets = sorted(set(buckets), reverse=True)
+        for B in buckets:
             if not 1 <= B <= self.max_seqs:
                 raise ValueError(f"bucket {B} is outside [1, {self.max_seqs}] (the runner's sequence slots)")
+        t = time.perf_counter()
+        self.compiled_ahead = compile_ahead(lambda: self._launch_all(buckets))
+        self.compile_s = time.perf_counter() - t
+        seconds = {}
+        for B in buckets:
             t = time.perf_counter()
             self.set_rows([-1] * B)
             side = torch.cuda.Stream(self.device)
@@ -597,6 +605,26 @@ class ModelRunner:
             self.graphs[B] = graph
             seconds[B] = time.perf_counter() - t
         return seconds
+
+    def _launch_all(self, buckets):
+        """Every launch the runner can make: each bucket's step on padding rows, and each prefill pass shape the
+        engine's chunks come in (powers of two up to max_prefill; n MTP rows: the piece's length, or one fewer for
+        a prompt's last) into the padding entry, which the kernels read as padding (compile_ahead's run)."""
+        for B in buckets:
+            self.set_rows([-1] * B)
+            self.run_step(B)
+        b, S, k = self.buf, self.max_seqs, self.k
+        b.prefill_row.fill_(S)
+        b.prefill_slots.fill_(S * (k + 1))
+        b.prefill_slots[0] = -1
+        b.prefill_start.zero_()
+        b.prefill_acc.fill_(k + 1)
+        for i in range(self.max_prefill.bit_length()):
+            L = 1 << i
+            for n in sorted({L, L - 1} if k else {0}):
+                b.prefill_len.fill_(L)
+                b.prefill_mtp_len.fill_(n)
+                self._prefill_launches(L, n)
 
     @property
     def captured(self) -> list:

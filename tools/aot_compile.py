@@ -7,11 +7,13 @@ sees: type errors in code paths it takes differently, launches that need more sh
 then compiled for each target. Must run without TRITON_INTERPRET (tests/test_kernels_compile.py starts it so)."""
 import contextlib
 import itertools
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import torch
 import triton
@@ -27,6 +29,7 @@ from kernels.gdn import causal_conv1d, gdn_prefill, gdn_verify, recurrent, recur
 from kernels.int4 import gemv, int4_linear, mma, w4a8_linear, wgmma_ws
 from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
+from kernels.precompile import workers
 from kernels.sampler import SamplingTensors, rejection_sample, sample
 from layers.config import qwen38_27b
 from layers.quant import Int4Weight, Int8Weight
@@ -247,15 +250,32 @@ def recording(arch):
         JITFunction.run = run
 
 
+_JOBS = []    # (arch, label, fn, signature, constexprs, attrs, options): forked workers read it by index
+
+
+def compile_one(i: int) -> tuple:
+    """(shared bytes, register use, "ok" or what is wrong) of the i-th recorded launch compiled for its target."""
+    arch, _, fn, sig, constants, attrs, options = _JOBS[i]
+    try:
+        source = (GluonASTSource if fn.is_gluon() else ASTSource)(fn, sig, constexprs=constants, attrs=attrs)
+        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    except Exception as e:
+        return -1, "", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    shared, smem = compiled.metadata.shared, TARGETS[arch]["smem"]
+    racy = unordered_clears(compiled.asm["ttgir"])
+    status = (f"needs {shared} B shared memory" if shared > smem else
+              f"{racy} int64 clears not ordered after their loads by a barrier" if racy else "ok")
+    return shared, resources(compiled.asm["cubin"]), status
+
+
 def main(argv=()):
     archs = [int(a) for a in argv] or list(TARGETS)
     unknown = [a for a in archs if a not in TARGETS]
     if unknown:
         print(f"no target sm_{unknown[0]}: known {', '.join(map(str, TARGETS))}", file=sys.stderr)
         return 2
-    failures, seen = [], set()
+    seen = set()
     for arch in archs:
-        target = TARGETS[arch]
         with recording(arch) as recorded:
             for label in launches():
                 for fn, args, kwargs in recorded:
@@ -263,26 +283,20 @@ def main(argv=()):
                     options = {k: v for k, v in kwargs.items() if k in OPTIONS}
                     key = (arch, fn.__name__, tuple(sorted(sig.items())), tuple(sorted(map(str, constants.items()))),
                            tuple(sorted(options.items())))
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    try:
-                        source = (GluonASTSource if fn.is_gluon() else ASTSource)(fn, sig, constexprs=constants,
-                                                                                  attrs=attrs)
-                        compiled = triton.compile(source,
-                                                  target=GPUTarget("cuda", arch, 32), options=options)
-                        shared, usage = compiled.metadata.shared, resources(compiled.asm["cubin"])
-                        racy = unordered_clears(compiled.asm["ttgir"])
-                        status = ("ok" if shared <= target["smem"] and not racy else
-                                  f"needs {shared} B shared memory" if shared > target["smem"] else
-                                  f"{racy} int64 clears not ordered after their loads by a barrier")
-                    except Exception as e:
-                        status = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                        shared, usage = -1, ""
-                    print(f"sm_{arch}  {label:38s} {fn.__name__:28s} shared {shared:>7}  {usage}  {status}", flush=True)
-                    if status != "ok":
-                        failures.append((arch, fn.__name__, status))
+                    if key not in seen:
+                        seen.add(key)
+                        _JOBS.append((arch, label, fn, sig, constants, attrs, options))
                 recorded.clear()
+    n = min(workers(), len(_JOBS))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with multiprocessing.get_context("fork").Pool(n) as pool:     # compiles are independent: one per CPU
+            results = pool.imap(compile_one, range(len(_JOBS)))
+            failures = []
+            for (arch, label, fn, *_), (shared, usage, status) in zip(_JOBS, results):
+                print(f"sm_{arch}  {label:38s} {fn.__name__:28s} shared {shared:>7}  {usage}  {status}", flush=True)
+                if status != "ok":
+                    failures.append((arch, fn.__name__, status))
     print(f"{len(seen)} launches compiled, {len(failures)} failed")
     return 1 if failures else 0
 
