@@ -80,8 +80,9 @@ class Buffers:
         # per-step inputs (the host fills rows) and what the step derives from them on the device
         self.rows = torch.full((S,), S, **i32)
         self.rows_long = torch.zeros(S, dtype=torch.int64, device=device)
-        self.row_len, self.kv_lens, self.row_acc, self.row_emitted, self.row_at, self.row_shift = (
-            torch.zeros(S, **i32) for _ in range(6))
+        self.row_len, self.row_acc, self.row_emitted, self.row_at, self.row_shift = (torch.zeros(S, **i32)
+                                                                                   for _ in range(5))
+        self.kv_lens = torch.zeros(S * T, **i32)                 # [B] of a pass; the draft passes' [k − 1, B]
         self.acc_last = torch.full((S,), T, **i32)              # num_accepted of one-token passes: slot k
         self.row_temperature, self.row_top_p = torch.zeros(S, **f32), torch.ones(S, **f32)
         self.row_top_k = torch.zeros(S, **i32)
@@ -139,7 +140,6 @@ class Buffers:
             self.mtp_hidden = torch.zeros(S, T, H, **bf)
             self.y_row = torch.zeros(S, H, **bf)
             self.cat = torch.zeros(R, 2 * H, **bf)
-            self.draft_tok = torch.zeros(S, **i32)
             Vd = draft_vocab or V
             self.draft_logits = torch.zeros(S * k * Vd, **f32)     # flat: a step of B rows, k' drafts views
             self.draft_sampler = SamplerWorkspace(S, Vd, device)   # a dense [B, k', ...] prefix (drafts())

@@ -293,13 +293,16 @@ class ModelRunner:
         torch.index_select(b.sin_table, 0, pos, out=b.sin[:M])
         return b.cos[:M], b.sin[:M]
 
-    def _row_pass(self, B, T, start, acc=None) -> Pass:
+    def _row_pass(self, B, T, start, acc=None, gdn=True) -> Pass:
         """A verify-shaped pass over buf.rows[:B], T tokens each from positions start [B] (device): kv_lens, rope,
-        and the GDN slot table (acc None: every row's state in slot k, num_accepted k + 1; else `acc` and the
-        rotation of _state_table)."""
+        and (gdn: the target's layers, not the MTP's) the GDN slot table (acc None: every row's state in slot k,
+        num_accepted k + 1; else `acc` and the rotation of _state_table)."""
         b, k = self.buf, self.k
         torch.add(start, T, out=b.kv_lens[:B])
         cos, sin = self._rope(B, T, start)
+        deferred = self.w.body == "int4" and defers(B * T, self.device)
+        if not gdn:
+            return Pass(B, T, b.rows[:B], b.kv_lens[:B], cos, sin, deferred=deferred)
         slots = b.dense(b.state_slots, B, T)
         slots.copy_(b.rows[:B].view(B, 1).expand(B, T))
         slots.mul_(k + 1)
@@ -308,7 +311,24 @@ class ModelRunner:
         else:
             self._state_table(B, T, acc, slots)
         return Pass(B, T, b.rows[:B], b.kv_lens[:B], cos, sin, slots, b.acc_last[:B] if acc is None else acc,
-                    deferred=self.w.body == "int4" and defers(B * T, self.device))
+                    deferred=deferred)
+
+    def _draft_passes(self, B: int, n: int) -> list:
+        """The n one-token MTP passes of a draft, at positions L + j (L: row_len; j < n), their kv_lens and rope
+        computed at once into dense prefixes of the pass buffers (free again once the MTP's re-run has run)."""
+        if not n:
+            return []
+        b, M = self.buf, B * n
+        kv_lens = b.dense(b.kv_lens, n, B)
+        torch.add(b.row_len[:B].view(1, B), b.arange[1:n + 1].view(n, 1), out=kv_lens)
+        pos = b.positions[:M]
+        torch.sub(kv_lens.view(-1), 1, out=pos)
+        pos.clamp_(0, b.cap - 1)
+        cos, sin = (torch.index_select(t, 0, pos, out=o[:M]) for t, o in ((b.cos_table, b.cos),
+                                                                           (b.sin_table, b.sin)))
+        deferred = self.w.body == "int4" and defers(B, self.device)
+        return [Pass(B, 1, b.rows[:B], kv_lens[j], cos[j * B:(j + 1) * B], sin[j * B:(j + 1) * B],
+                     deferred=deferred) for j in range(n)]
 
     def _state_table(self, B, T, acc, slots):
         """GDN slots of a T-token verify (added to slots = rows·(k+1)). The kernels start from the table's entry
@@ -434,7 +454,7 @@ class ModelRunner:
         ids = b.mtp_ids[0]
         ids.copy_(b.last_ids[slot])
         ids.index_fill_(0, (b.emitted[slot:slot + 1] - 1).long(), next_id)
-        self._mtp(self._row_pass(1, T, start), ids, b.hidden[slot], b.y_mtp[:T])
+        self._mtp(self._row_pass(1, T, start, gdn=False), ids, b.hidden[slot], b.y_mtp[:T])
 
     def _fill_rows(self, slots):
         b, S = self.buf, self.max_seqs
@@ -674,18 +694,17 @@ class ModelRunner:
         draft_ids, draft_logits, draft_desc = b.drafts(B, k)
         start = b.mtp_start[:B]                       # the MTP re-runs the last round from L − emitted
         torch.sub(b.row_len[:B], b.row_emitted[:B], out=start)
-        p = self._row_pass(B, T, start)
+        p = self._row_pass(B, T, start, gdn=False)
         y = self._mtp(p, torch.index_select(b.last_ids, 0, rows, out=b.mtp_ids[:B]).view(-1),
                       torch.index_select(b.hidden, 0, rows, out=b.mtp_hidden[:B]).view(B * T, -1), b.y_mtp[:B * T])
         idx = b.gather_idx[:B]                        # the row of each sequence's last emitted token
         torch.add(b.arange_rows[:B], b.row_emitted[:B], out=idx)
         idx.sub_(1)
         y_row = torch.index_select(y, 0, idx, out=b.y_row[:B])
+        passes = self._draft_passes(B, k - 1)
         for j in range(k):
             int8_linear(y_row, self.draft_head, out=draft_logits[:, j])
             sample_drafts(draft_logits[:, j], params, b.seed, b.offset, b.draft_sampler, d2t=self.d2t,
                           out=(draft_ids[:, j], draft_desc[:, j]))
             if j + 1 < k:                             # the draft at position L + j, from the MTP's own output
-                b.draft_tok[:B].copy_(draft_ids[:, j])
-                torch.add(b.row_len[:B], j, out=start)
-                self._mtp(self._row_pass(B, 1, start), b.draft_tok[:B], y_row, y_row)
+                self._mtp(passes[j], draft_ids[:, j], y_row, y_row)
