@@ -14,6 +14,8 @@ with its Triton launches skipped (a CUDA-graph warm-up on padding rows is: it re
 import multiprocessing
 import os
 import warnings
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from triton.runtime.jit import JITFunction
 
@@ -57,8 +59,11 @@ def compile_ahead(run, processes: int = None) -> int:
         if n > 1:
             with warnings.catch_warnings():        # fork() of a process with threads: workers touch none of them
                 warnings.simplefilter("ignore", DeprecationWarning)
-                with multiprocessing.get_context("fork").Pool(n) as pool:
-                    pool.map(_work, range(len(_jobs)), chunksize=1)
+                try:
+                    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+                        list(pool.map(_work, range(len(_jobs))))
+                except BrokenProcessPool:          # a worker died: what it did not compile, the launches will
+                    pass
         else:
             for i in range(len(_jobs)):
                 _work(i)
