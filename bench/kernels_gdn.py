@@ -103,7 +103,7 @@ def verify_rows(peak, sweep):
                 timed_row(name, f"B{B} T{T} state {str(sdt)[6:]}",
                           lambda: gdn_verify(*inputs, pools(), slots, num_acc, out=o, cfg=cfg),
                           nbytes, 8 * B * T * HV * D * D, peak, out, reps=pools.reps)
-            del pools
+            pools = None                                  # freed before the next layout's copies
             torch.cuda.empty_cache()
         if B == 1 and sdt == torch.float16:
             floor_rows(nbytes, state_bytes, (B, HV, D // 16), peak, out)

@@ -1,20 +1,25 @@
 """graphs/runner.py's CUDA graphs on a GPU: replay is bitwise the launches it captured, and MTP drafting leaves
 greedy output unchanged.
 
-Replay: for the three tiny configurations (bf16 body: their widths are not multiples of 128) and the demo model
-(int4 body), k ∈ {0, 1, 4}, every bucket of a 4-slot runner: 64 steps over live sequences (one greedy, the others
-sampled at temperature 1, a padding row where the bucket has one) launched without a graph, then the same
-prompts prefilled again with the same seed and 64 replayed steps: tokens and logits bitwise equal.
+Replay: for the three tiny configurations (bf16 body: their widths are not multiples of 128), the demo model
+(int4 body) and four layers at the 27B's widths (random int4 weights, 32k-id draft vocabulary: the kernels'
+27B launch configurations), k ∈ {0, 1, 4}, every bucket of a 4-slot runner: 64 steps over live sequences (one
+greedy, one sampled at temperature 1, one at top-k 20 / top-p 0.95, a padding row where the bucket has one)
+launched without a graph, then the same prompts prefilled again with the same seed and 64 replayed steps:
+tokens and logits bitwise equal.
 Exactness: the demo model with its int4 body, 8 prompts × 256 greedy tokens at k = 4 equal k = 0's, decoded 1, 2
 and 4 sequences at a time (the widths where every kernel of the step is width-invariant)."""
+import dataclasses
 import os
 
 import pytest
 import torch
 
 from graphs.runner import ModelRunner
+from layers.config import qwen38_27b
 from layers.prepared import prepare
 from tests.fixtures import CONFIGS, make_tiny_checkpoint
+from tools.random_model import random_prepared
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -33,14 +38,19 @@ def gpu_kernels_fit(cfg: dict) -> bool:
     return all(d >= 16 and d & (d - 1) == 0 for d in dims)
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS) + ["demo"])
+@pytest.fixture(scope="module", params=list(CONFIGS) + ["demo", "27b-widths"])
 def model(request, tmp_path_factory):
-    if request.param != "demo" and not gpu_kernels_fit(CONFIGS[request.param]):
+    """(prepared model, draft vocabulary or None)."""
+    if request.param in CONFIGS and not gpu_kernels_fit(CONFIGS[request.param]):
         pytest.skip(f"{request.param}: head dims below what the GPU kernels take (powers of two >= 16)")
     if request.param == "demo":
-        return prepare(DEMO, "cuda", body="int4", progress=quiet)
+        return prepare(DEMO, "cuda", body="int4", progress=quiet), None
+    if request.param == "27b-widths":
+        cfg = qwen38_27b()
+        cut = dataclasses.replace(cfg, layer_types=("linear_attention",) * 3 + ("full_attention",))
+        return random_prepared(cut, "cuda"), list(range(32768))
     model_dir = make_tiny_checkpoint(str(tmp_path_factory.mktemp(request.param)), **CONFIGS[request.param])
-    return prepare(model_dir, "cuda", body="bf16", progress=quiet)
+    return prepare(model_dir, "cuda", body="bf16", progress=quiet), None
 
 
 def prompts(vocab, n, length=11, seed=0):
@@ -51,8 +61,9 @@ def prompts(vocab, n, length=11, seed=0):
 def run(r, slots, prompt_ids, replay: bool):
     """Prefill each live slot's prompt, then STEPS steps; per step (ids, counts, logits) cloned."""
     r.set_seed(1234)
+    sampling = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=1.0, top_k=20, top_p=0.95)]
     for slot, ids in zip([s for s in slots if s >= 0], prompt_ids):
-        r.set_sampling(slot, temperature=0.0 if slot == 0 else 1.0)
+        r.set_sampling(slot, **sampling[slot])
         r.prefill(slot, ids, 0, last=True)
     out = []
     for _ in range(STEPS):
@@ -64,11 +75,12 @@ def run(r, slots, prompt_ids, replay: bool):
 
 @pytest.mark.parametrize("k", [0, 1, 4])
 def test_replay_is_bitwise_the_launches(model, k):
-    r = ModelRunner(model, 4, 64 * 5 + 32, spec_k=k, max_prefill=16)
+    prepared, draft_tokens = model
+    r = ModelRunner(prepared, 4, 64 * 5 + 32, spec_k=k, max_prefill=16, draft_tokens=draft_tokens if k else None)
     r.capture([4, 2, 1])
     assert r.captured == [1, 2, 4]
     for slots in ([0], [1, 0], [2, 0, 1, -1]):
-        live = prompts(model.cfg.vocab_size, sum(s >= 0 for s in slots))
+        live = prompts(prepared.cfg.vocab_size, sum(s >= 0 for s in slots))
         eager = run(r, slots, live, replay=False)
         graph = run(r, slots, live, replay=True)
         for step, ((i1, c1, l1), (i2, c2, l2)) in enumerate(zip(eager, graph)):
