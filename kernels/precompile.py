@@ -4,9 +4,9 @@ Triton compiles a kernel when a launch first needs it, one at a time, in the lau
 the GIL: threads do not overlap). A decode step of the 27B at one batch bucket needs dozens of distinct kernels:
 20–40 s cold on an H200's host, every bucket, before the first token. compile_ahead(run) calls run() with each
 launch that would compile recorded and skipped instead (launches of kernels already compiled still run), then
-compiles the recorded kernels in forked worker processes, one per CPU this process may use, into Triton's on-disk
-cache — where the real launches then find them, exactly as Triton would have compiled them (the workers make the
-very call the launch makes, from the launch's own arguments).
+compiles the recorded kernels in forked worker processes (workers(): one per CPU, at most MAX_WORKERS) into
+Triton's on-disk cache — where the real launches then find them, exactly as Triton would have compiled them (the
+workers make the very call the launch makes, from the launch's own arguments).
 
 Workers only compile: no CUDA call (the compiler takes the target the parent resolved). A kernel a worker cannot
 compile is left to the real launch, which raises the compiler's error where it always did. run() must be fine
@@ -37,9 +37,13 @@ def _work(i: int) -> bool:
         return False
 
 
+MAX_WORKERS = 16               # each holds a compiler's memory
+
+
 def workers() -> int:
-    """The CPUs this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The CPUs this process may use, at most MAX_WORKERS."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cpus, MAX_WORKERS)
 
 
 def compile_ahead(run, processes: int = None) -> int:
