@@ -222,4 +222,14 @@ class Fit:
             + (f"at max_seqs {max_seqs} at most max_len {by_len} fits" if by_len else
                f"no max_len fits at max_seqs {max_seqs}")
             + (f"; at max_len {max_len} at most max_seqs {by_seqs}" if by_seqs else
-               f"; no max_seqs fits at max_len {max_len}"))
+               f"; no max_seqs fits at max_len {max_len}") + self._without_drafting(max_seqs, max_len))
+
+    def _without_drafting(self, max_seqs: int, max_len: int) -> str:
+        """What spec_k 0 would fit (one GDN state slot a sequence instead of k + 1), where drafting is on."""
+        if not self.k:
+            return ""
+        plain = Fit(self.cfg, self.profile, 0, self.chunk, self.weights, memory_bytes=self.memory)
+        if plain.fits(max_seqs, max_len):
+            return f"; without drafting (spec_k 0) max_seqs {max_seqs} x max_len {max_len} fits"
+        by_len = plain.max_len(max_seqs)
+        return f"; without drafting (spec_k 0) max_len {by_len} at max_seqs {max_seqs}" if by_len else ""

@@ -91,10 +91,16 @@ def test_runner_bytes_predict_the_buffers(name, seqs, max_len, k, chunk, kv, dra
 
 
 def test_a_plan_that_does_not_fit_says_what_would():
-    """The 27B at 64 sequences does not fit a 3090 at any context (64 × 5 fp16 state slots alone are 23 GiB)."""
+    """The 27B at 64 sequences does not fit a 3090 at any context with MTP-4 (64 × 5 fp16 state slots alone are
+    23 GiB); without drafting (one slot each) it does, and the error says so."""
     fit = Fit(qwen38_27b(), load_profile("rtx3090"))
-    with pytest.raises(ValueError, match=r"no max_len fits at max_seqs 64; at max_len 32768 at most max_seqs 5$"):
+    plain = Fit(qwen38_27b(), load_profile("rtx3090"), spec_k=0).max_len(64)   # one state slot a sequence
+    assert 0 < plain < 32768
+    with pytest.raises(ValueError, match=r"no max_len fits at max_seqs 64; at max_len 32768 at most max_seqs 5; "
+                                         rf"without drafting \(spec_k 0\) max_len {plain} at max_seqs 64$"):
         fit.check(64, 32768)
+    with pytest.raises(ValueError, match=r"without drafting \(spec_k 0\) max_seqs 64 x max_len 512 fits$"):
+        fit.check(64, 512)
     assert fit.fits(5, 32768) and not fit.fits(6, 32768)
     n = fit.max_len(16)
     assert 0 < n < 32768 and fit.check(16, n) <= 24 * 2**30 and not fit.fits(16, n + 1)
