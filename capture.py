@@ -149,7 +149,7 @@ def main(argv=None):
         fit = Fit(cfg, profile, spec_k=args.spec_k, weight_bytes=saved_weight_bytes(args.model), body=args.body,
                   ks=bucket_k(profile).values() if args.spec_k is None else ())
         max_len = args.max_len or min(16384, cfg.max_position_embeddings)
-        max_seqs = args.max_seqs or max([b for b in profile["batch_buckets"] if fit.fits(b, max_len)] or [1])
+        max_seqs = args.max_seqs or fit.bucket(profile["batch_buckets"], max_len)
         need = PROMPT_TOKENS + (max(args.check_steps, WARMUP_STEPS + TIMED_STEPS) + 1) * (fit.k + 1)
         if max_len < need:
             raise ValueError(f"--max-len {max_len} is too short for the checks ({need} tokens at spec_k {fit.k})")

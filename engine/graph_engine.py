@@ -39,6 +39,7 @@ from layers.prepared import MANIFEST, load_draft_vocab, load_prepared, prepare, 
 PREFILL_CHUNK = 1024               # prompt tokens per prefill chunk when the profile names none
 KV_DTYPES = {"fp8_e4m3": torch.uint8, "bfloat16": torch.bfloat16}
 PROFILE_WARMUP = 8                 # decode steps before the profiler window opens (--profile-steps)
+MIN_CONTEXT = 2048                 # tokens a sequence gets at least, where a bucket allows, when max_seqs is not given
 
 
 def device_profile(name: str | None, device: str) -> dict:
@@ -108,7 +109,8 @@ class _Profiler:
 class GraphEngine:
     """Engine's surface (tokenizer, defaults, model_dir, spec_k, cfg, max_context, generate) plus continuous
     batching: submit() queues a request, step() advances every request in flight, wait() / generate_many() step
-    until theirs are done. runner: a ModelRunner (or one with its interface); timings: load_s, capture_s (compile_s and compiled: its kernels compiled ahead)."""
+    until theirs are done. runner: a ModelRunner (or one with its interface); timings: load_s, capture_s
+    (compile_s and compiled: its kernels compiled ahead)."""
 
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, defaults, model_dir: str, profile: dict,
                  timings: dict):
@@ -132,10 +134,11 @@ class GraphEngine:
         manifest.json; loaded as saved); either may hold a reduced draft vocabulary (layers.prepared.DRAFT_VOCAB),
         which the MTP then drafts from. profile: profiles/<name>.json (default device_profile's). spec_k: the
         profile's by default, with its spec_k_by_bucket (a bucket's own draft count); 0 without MTP weights.
-        max_seqs: the largest batch bucket by default. max_len: the longest that fits (graphs.plan.Fit: the
-        weights, the runner's buffers and a reserve in the profile's memory or the device's free memory,
-        whichever is less); a configuration that does not fit fails before anything is allocated, saying what
-        would. graphs: capture a CUDA graph per bucket (CUDA only).
+        max_seqs: by default the largest batch bucket that leaves each sequence max_len tokens (MIN_CONTEXT
+        when max_len is not given: a 24 GiB card then holds 16 sequences with MTP-4, not 64 of none). max_len:
+        the longest that fits (graphs.plan.Fit: the weights, the runner's buffers and a reserve in the profile's
+        memory or the device's free memory, whichever is less); a configuration that does not fit fails before
+        anything is allocated, saying what would. graphs: capture a CUDA graph per bucket (CUDA only).
         progress: prepare's callback (default: a line on stderr)."""
         model_dir = model_dir or DEMO_MODEL
         check_model_dir(model_dir)
@@ -157,7 +160,6 @@ class GraphEngine:
         cfg = ModelConfig.from_dir(model_dir)
         k = prof["spec_k"] if spec_k is None else spec_k
         per_bucket = bucket_k(prof) if spec_k is None else {}          # an explicit spec_k drafts it everywhere
-        max_seqs = max_seqs or largest
         limit = cfg.max_position_embeddings
         if max_len is not None and max_len > limit:
             raise ValueError(f"max_len {max_len} exceeds the model's max_position_embeddings ({limit})")
@@ -165,6 +167,8 @@ class GraphEngine:
         free = torch.cuda.mem_get_info(torch.device(device))[0] if torch.device(device).type == "cuda" else None
         fit = Fit(cfg, prof, spec_k=k, prefill_chunk=chunk, weight_bytes=saved_weight_bytes(model_dir), body=body,
                   memory_bytes=free, ks=per_bucket.values())
+        if max_seqs is None:
+            max_seqs = fit.bucket(prof["batch_buckets"], max_len or min(MIN_CONTEXT, limit))
         if max_len is None:                           # the longest that fits (else check() says what would)
             max_len = fit.max_len(max_seqs) or k + 3
         fit.check(max_seqs, max_len)                  # before anything is allocated

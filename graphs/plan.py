@@ -208,6 +208,10 @@ class Fit:
     def max_seqs(self, max_len: int, limit: int = 1 << 16) -> int:
         return _largest(lambda s: self.fits(s, max_len), limit)
 
+    def bucket(self, buckets, max_len: int) -> int:
+        """The largest of `buckets` whose sequences fit at max_len tokens each, else the smallest."""
+        return max((b for b in buckets if self.fits(b, max_len)), default=min(buckets))
+
     def check(self, max_seqs: int, max_len: int) -> int:
         """The bytes needed, or a ValueError saying what would fit instead."""
         need = self.needed(max_seqs, max_len)

@@ -109,6 +109,14 @@ def test_a_plan_that_does_not_fit_says_what_would():
     assert Fit(qwen38_27b(), load_profile("h200")).max_len(1) == 262144        # capped at max_position_embeddings
 
 
+def test_the_default_bucket_leaves_each_sequence_the_context_asked():
+    buckets = [64, 32, 16, 8, 4, 2, 1]
+    assert Fit(qwen38_27b(), load_profile("h200")).bucket(buckets, 2048) == 64
+    assert Fit(qwen38_27b(), load_profile("rtx3090")).bucket(buckets, 2048) == 16          # MTP-4: 5 state slots
+    assert Fit(qwen38_27b(), load_profile("rtx3090"), spec_k=0).bucket(buckets, 2048) == 32
+    assert Fit(qwen38_27b(), load_profile("rtx3090")).bucket(buckets, 10**6) == 1           # none fits: smallest
+
+
 @pytest.fixture
 def model_27b(tmp_path):
     """A directory holding only the 27B config: all the plan reads."""

@@ -3,8 +3,9 @@ sm_90 (H100/H200) on a machine without a GPU: `python -m tools.aot_compile [86] 
 
 The interpreter runs the kernels' logic on the CPU but never compiles them, so it misses what only the compiler
 sees: type errors in code paths it takes differently, launches that need more shared memory than the card has
-(sm_86: 99 KiB per block), and int64 sums zeroed with no CTA barrier after their loads (unordered_clears). Wrappers are called with meta tensors; their kernel launches are recorded instead of run,
-then compiled for each target. Must run without TRITON_INTERPRET (tests/test_kernels_compile.py starts it so)."""
+(sm_86: 99 KiB per block), and int64 sums zeroed with no CTA barrier after their loads (unordered_clears).
+Wrappers are called with meta tensors; their kernel launches are recorded instead of run, then compiled for each
+target, one process per CPU. Must run without TRITON_INTERPRET (tests/test_kernels_compile.py starts it so)."""
 import contextlib
 import itertools
 import multiprocessing
