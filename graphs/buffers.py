@@ -94,7 +94,6 @@ class Buffers:
         self.arange = torch.arange(R, **i32)
         self.arange_rows = torch.arange(S, **i32) * T
         self.gather_idx = torch.zeros(S, dtype=torch.int64, device=device)
-        self.new_len = torch.zeros(S, **i32)
         self.positions = torch.zeros(R, dtype=torch.int64, device=device)
         self.prefill_slots = torch.zeros(2, **i32)              # [initial, final] GDN slot of a prefill chunk
         self.prefill_row = torch.zeros(1, **i32)

@@ -16,8 +16,8 @@ A step (ENGINE.md §1, engine/generate.py's round) for B rows, all on the device
   verify  the target runs [t0, d1 … dk] at positions L … L+k from each sequence's GDN slots, keeping the state
           after every token (gdn_verify, the k+1 slots), writing K/V and widening the conv windows;
   sample  rejection_sample (k = 0: sample) -> ids [B, k+1] (emitted, then −1) and counts [B] = accepted + 1;
-  commit  seq_len += count; num_accepted := count (the slot the next verify reads); the emitted ids and hiddens are
-          kept per slot for the next step's drafting.
+  commit  one launch (kernels.tables.commit): seq_len += count; num_accepted := count (the slot the next verify
+          reads); the emitted ids and hiddens are kept per slot for the next step's drafting.
 Every launch has fixed shapes for a bucket B, reads its per-step inputs from preallocated device buffers (the
 host writes only `rows`, the slots) and allocates nothing; the step is written to be captured as one CUDA graph
 per bucket (warm-up first: launch configs are resolved on the first call). Prefill: one chunk of one sequence
@@ -42,6 +42,7 @@ from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.precompile import compile_ahead
 from kernels.sampler import SamplingTensors, rejection_sample, sample, sample_drafts, target_to_draft
+from kernels.tables import commit
 from kernels import device as gpu
 from layers.config import MAX_SPEC_K
 from layers.prepared import AttentionWeights, PreparedModel
@@ -581,15 +582,8 @@ class ModelRunner:
             else:
                 out, count = b.out_ids[:B, :1], b.num_emitted[:B]
                 sample(logits.view(B, -1), params, b.seed, b.offset, b.sampler, out=(out[:, 0], b.sampler.desc[:B]))
-            new = b.new_len[:B]
-            b.seq_len.index_copy_(0, rows, torch.add(b.row_len[:B], count, out=new))
-            b.emitted.index_copy_(0, rows, count)
-            b.num_acc.index_copy_(0, rows, torch.add(count, self.k - k, out=new))   # the conv window's offset
-            torch.add(b.row_shift[:B], count, out=new)                              # _state_table
-            b.state_at.index_copy_(0, rows, new.sub_(1).remainder_(Tm))
-            b.last_ids[:, :T].index_copy_(0, rows, out)
-            b.hidden[:, :T].index_copy_(0, rows, b.out_hidden[:B * T].view(B, T, -1))
-            self._reset_padding()
+            commit(b.rows[:B], count, b.row_len[:B], b.row_shift[:B], out, b.out_hidden, b.seq_len, b.emitted,
+                   b.num_acc, b.state_at, b.last_ids, b.hidden, acc_offset=self.k - k)   # the conv window's offset
 
         return [("rows", gather)] + ([("draft", draft)] if k else []) + [("verify", verify), ("sample", sample_commit)]
 

@@ -32,6 +32,7 @@ from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.precompile import workers
 from kernels.sampler import SamplingTensors, rejection_sample, sample
+from kernels.tables import commit
 from layers.config import qwen38_27b
 from layers.quant import Int4Weight, Int8Weight
 
@@ -168,6 +169,10 @@ def launches():
     sample(empty(B, V), params, seed, offset)
     rejection_sample(empty(B, T, V), empty(B, T - 1, V), empty(B, T - 1, dtype=torch.int32), params, seed, offset)
     yield "sampler + rejection"
+    i32 = dict(dtype=torch.int32)
+    commit(empty(B, **i32), empty(B, **i32), empty(B, **i32), empty(B, **i32), empty(B, T, **i32), empty(B * T, H),
+           *(empty(B + 1, **i32) for _ in range(4)), empty(B + 1, T, **i32), empty(B + 1, T, H), acc_offset=0)
+    yield "step tables"
 
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")

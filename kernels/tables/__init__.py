@@ -1,0 +1,59 @@
+"""The model runner's per-slot tables after a step (graphs/buffers.py): commit writes each live row's outcome
+into its sequence's entries in one launch — the cached length, the tokens emitted, the GDN / conv kernels'
+num_accepted, the GDN slot holding the state (state_at), the emitted ids and the post-norm hiddens the next
+step's MTP re-runs. Padding rows (slot ids >= the slot count) write nothing, so the padding entry keeps its
+values. Reference: ref.commit_ref, the torch ops it replaces."""
+import torch
+import triton
+import triton.language as tl
+
+from kernels.device import check_dense, pdl_args, pdl_wait
+
+
+@triton.jit
+def _commit_kernel(rows_ptr, count_ptr, row_len_ptr, row_shift_ptr, ids_ptr, ids_stride, hid_in_ptr,
+                   seq_len_ptr, emitted_ptr, num_acc_ptr, state_at_ptr, last_ids_ptr, last_stride, hidden_ptr,
+                   hidden_stride, num_slots, H, acc_offset, TM, T: tl.constexpr, BLOCK_H: tl.constexpr,
+                   PDL: tl.constexpr):
+    """Grid (B, T): program (b, t) copies row b's t-th id and hidden; t = 0 also its scalars."""
+    b, t = tl.program_id(0), tl.program_id(1)
+    pdl_wait(PDL)
+    slot = tl.load(rows_ptr + b).to(tl.int64)
+    if slot < num_slots:
+        c = tl.load(count_ptr + b)
+        if t == 0:
+            tl.store(seq_len_ptr + slot, tl.load(row_len_ptr + b) + c)
+            tl.store(emitted_ptr + slot, c)
+            tl.store(num_acc_ptr + slot, c + acc_offset)
+            at = (tl.load(row_shift_ptr + b) + c - 1) % TM
+            tl.store(state_at_ptr + slot, tl.where(at < 0, at + TM, at))     # the remainder of torch's sign
+        tl.store(last_ids_ptr + slot * last_stride + t, tl.load(ids_ptr + b * ids_stride + t))
+        src = hid_in_ptr + (b * T + t).to(tl.int64) * H
+        dst = hidden_ptr + slot * hidden_stride + t * H
+        for h0 in range(0, H, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H)
+            tl.store(dst + h, tl.load(src + h, mask=h < H), mask=h < H)
+
+
+def commit(rows, counts, row_len, row_shift, ids, out_hidden, seq_len, emitted, num_acc, state_at, last_ids,
+           hidden, acc_offset: int):
+    """rows [B] slot ids (int32 / int64; >= S = seq_len's entries − 1: padding), counts, row_len, row_shift [B]
+    int32 (the round's emitted count, the row's length before it, _state_table's state_at − c), ids [B, T] int32
+    (row stride any), out_hidden [B·T, H]; the tables: seq_len, emitted, num_acc, state_at [S+1] int32, last_ids
+    [S+1, ≥T] int32 and hidden [S+1, ≥T, H] (row strides any). For each live row at slot s: seq_len[s] =
+    row_len + c, emitted[s] = c, num_acc[s] = c + acc_offset, state_at[s] = (row_shift + c − 1) mod
+    last_ids.shape[1], last_ids[s, :T] = ids, hidden[s, :T] = its T hiddens."""
+    B, T = ids.shape
+    H = out_hidden.shape[-1]
+    check_dense("commit", rows=rows, counts=counts, row_len=row_len, row_shift=row_shift, seq_len=seq_len,
+                emitted=emitted, num_acc=num_acc, state_at=state_at)
+    assert out_hidden.is_contiguous() and out_hidden.shape[0] >= B * T and ids.stride(1) == 1
+    assert last_ids.stride(1) == 1 and hidden.stride(1) == H and hidden.stride(2) == 1
+    if B:
+        _commit_kernel[(B, T)](rows, counts, row_len, row_shift, ids, ids.stride(0), out_hidden, seq_len, emitted,
+                               num_acc, state_at, last_ids, last_ids.stride(0), hidden, hidden.stride(0),
+                               seq_len.shape[0] - 1, H, acc_offset, last_ids.shape[1], T=T,
+                               BLOCK_H=min(triton.next_power_of_2(H), 2048), num_warps=4, **pdl_args(ids.device))
+
+
+__all__ = ["commit"]

@@ -1,0 +1,37 @@
+"""kernels/tables.commit against ref.commit_ref: every live row's slot entries written as the torch ops write
+them, padding rows (slot S, any number of them) writing nothing, negative state shifts wrapped as torch's
+remainder wraps them, and no other entry touched."""
+import pytest
+import torch
+
+from kernels.tables import commit
+from kernels.tables.ref import commit_ref
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def tables(S, Tm, H, g):
+    i32 = dict(dtype=torch.int32, device=DEV)
+    return [torch.randint(-9, 99, (S + 1,), generator=g).to(**i32) for _ in range(4)] + [
+        torch.randint(-9, 99, (S + 1, Tm), generator=g).to(**i32),
+        torch.randn(S + 1, Tm, H, generator=g).to(DEV, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("T, H", [(1, 200), (5, 200), (3, 5120)])
+@pytest.mark.parametrize("rows", [[2, 0], [6, 1, 6, 4, 6]])        # 6 = S: padding, repeated
+def test_commit_writes_what_the_torch_ops_write(T, H, rows):
+    S, Tm = 6, 5
+    g = torch.Generator().manual_seed(T * 7 + len(rows))
+    B = len(rows)
+    rows = torch.tensor(rows, dtype=torch.int32, device=DEV)
+    counts = torch.randint(1, T + 1, (B,), generator=g).to(DEV, torch.int32)
+    row_len = torch.randint(0, 1000, (B,), generator=g).to(DEV, torch.int32)
+    row_shift = torch.randint(-Tm, Tm, (B,), generator=g).to(DEV, torch.int32)      # negative ones wrap
+    ids = torch.randint(0, 5000, (B, Tm), generator=g).to(DEV, torch.int32)[:, :T]  # a row stride of Tm
+    hid = torch.randn(B * T + 3, H, generator=g).to(DEV, torch.bfloat16)
+    want, got = tables(S, Tm, H, g), None
+    got = [t.clone() for t in want]
+    commit_ref(rows, counts, row_len, row_shift, ids, hid, *want, acc_offset=2)
+    commit(rows, counts, row_len, row_shift, ids, hid, *got, acc_offset=2)
+    for name, a, b in zip(("seq_len", "emitted", "num_acc", "state_at", "last_ids", "hidden"), got, want):
+        assert torch.equal(a, b), name
