@@ -90,7 +90,6 @@ class Buffers:
         self.state_table = torch.zeros(S * T, **i32)
         self.mtp_start = torch.zeros(S, **i32)
         self.mtp_ids = torch.zeros(S, T, **i32)
-        self.t0 = torch.zeros(S, **i32)
         self.arange = torch.arange(R, **i32)
         self.arange_rows = torch.arange(S, **i32) * T
         self.gather_idx = torch.zeros(S, dtype=torch.int64, device=device)

@@ -42,7 +42,7 @@ from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.precompile import compile_ahead
 from kernels.sampler import SamplingTensors, rejection_sample, sample, sample_drafts, target_to_draft
-from kernels.tables import commit
+from kernels.tables import commit, gather
 from kernels import device as gpu
 from layers.config import MAX_SPEC_K
 from layers.prepared import AttentionWeights, PreparedModel
@@ -546,7 +546,7 @@ class ModelRunner:
         """run_step(B) as (name, launches) in order: "rows" (the rows' tables gathered), "draft" (k > 0),
         "verify" (every layer over the k+1 tokens, the lm_head), "sample" (rejection sampling, or sampling, and
         the commit). For benchmarks that time them apart."""
-        b, k, Tm = self.buf, self.k_for(B), self.k + 1
+        b, k = self.buf, self.k_for(B)
         T = k + 1
         rows = b.rows_long[:B]
         params = SamplingTensors(b.row_temperature[:B], b.row_top_k[:B], b.row_top_p[:B])
@@ -554,17 +554,10 @@ class ModelRunner:
         logits = b.logits[:B * T].view(B, T, -1)
         draft_ids, draft_logits, draft_desc = b.drafts(B, k)
 
-        def gather():
-            rows.copy_(b.rows[:B])
-            for table, row in ((b.seq_len, b.row_len), (b.emitted, b.row_emitted), (b.num_acc, b.row_acc),
-                               (b.state_at, b.row_at), (b.temperature, b.row_temperature), (b.top_k, b.row_top_k),
-                               (b.top_p, b.row_top_p)):
-                torch.index_select(table, 0, rows, out=row[:B])
-            idx = b.gather_idx[:B]                    # t0, each row's last emitted token: rows·Tm + emitted − 1
-            torch.mul(rows, Tm, out=idx)
-            idx.add_(b.row_emitted[:B]).sub_(1)
-            torch.index_select(b.last_ids.view(-1), 0, idx, out=b.t0[:B])
-            ids[:, 0] = b.t0[:B]
+        def rows_phase():                             # each row's tables, and t0: its last emitted token
+            gather(b.rows[:B], rows, b.seq_len, b.emitted, b.num_acc, b.state_at, b.temperature, b.top_k, b.top_p,
+                   b.row_len[:B], b.row_emitted[:B], b.row_acc[:B], b.row_at[:B], b.row_temperature[:B],
+                   b.row_top_k[:B], b.row_top_p[:B], b.last_ids, ids)
 
         def draft():
             self._draft(B, rows, params, k)
@@ -585,7 +578,8 @@ class ModelRunner:
             commit(b.rows[:B], count, b.row_len[:B], b.row_shift[:B], out, b.out_hidden, b.seq_len, b.emitted,
                    b.num_acc, b.state_at, b.last_ids, b.hidden, acc_offset=self.k - k)   # the conv window's offset
 
-        return [("rows", gather)] + ([("draft", draft)] if k else []) + [("verify", verify), ("sample", sample_commit)]
+        return ([("rows", rows_phase)] + ([("draft", draft)] if k else [])
+                + [("verify", verify), ("sample", sample_commit)])
 
     def capture(self, buckets) -> dict:
         """One CUDA graph of run_step(B) for each bucket B, captured largest first into one memory pool after a

@@ -1,11 +1,12 @@
-"""kernels/tables.commit against ref.commit_ref: every live row's slot entries written as the torch ops write
-them, padding rows (slot S, any number of them) writing nothing, negative state shifts wrapped as torch's
-remainder wraps them, and no other entry touched."""
+"""kernels/tables against ref.py. gather: every row's entries (the padding entry S for padding rows) and its
+pending token, nothing else written. commit: every live row's slot entries written as the torch ops write them,
+padding rows (slot S, any number of them) writing nothing, negative state shifts wrapped as torch's remainder
+wraps them, and no other entry touched."""
 import pytest
 import torch
 
-from kernels.tables import commit
-from kernels.tables.ref import commit_ref
+from kernels.tables import commit, gather
+from kernels.tables.ref import commit_ref, gather_ref
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -35,3 +36,28 @@ def test_commit_writes_what_the_torch_ops_write(T, H, rows):
     commit(rows, counts, row_len, row_shift, ids, hid, *got, acc_offset=2)
     for name, a, b in zip(("seq_len", "emitted", "num_acc", "state_at", "last_ids", "hidden"), got, want):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("rows", [[3], [6, 0, 6, 2, 5], list(range(7)) * 9 + [6]])   # 6 = S: padding
+def test_gather_reads_what_the_torch_ops_read(rows):
+    S, Tm = 6, 5
+    g = torch.Generator().manual_seed(len(rows))
+    B = len(rows)
+    i32, f32 = dict(dtype=torch.int32), dict(dtype=torch.float32)
+    rows = torch.tensor(rows, **i32).to(DEV)
+    emitted = torch.randint(1, Tm + 1, (S + 1,), generator=g).to(DEV, torch.int32)
+    tables = [torch.randint(0, 999, (S + 1,), generator=g, **i32).to(DEV), emitted,
+              *(torch.randint(0, 999, (S + 1,), generator=g, **i32).to(DEV) for _ in range(2)),
+              torch.rand(S + 1, generator=g, **f32).to(DEV), torch.randint(0, 50, (S + 1,), generator=g, **i32).to(DEV),
+              torch.rand(S + 1, generator=g, **f32).to(DEV)]
+    last_ids = torch.randint(0, 5000, (S + 1, Tm), generator=g, **i32).to(DEV)
+    outs = []
+    for fn in (gather, gather_ref):
+        rows_long = torch.full((B,), -7, dtype=torch.int64, device=DEV)              # poisoned
+        vectors = [torch.full((B,), -7, dtype=t.dtype, device=DEV) for t in tables]
+        ids = torch.full((B, 4), -7, dtype=torch.int32, device=DEV)
+        fn(rows, rows_long, *tables, *vectors, last_ids, ids)
+        outs.append([rows_long, *vectors, ids])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert (outs[0][-1][:, 1:] == -7).all()                  # only the first column is the gather's

@@ -32,7 +32,7 @@ from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.precompile import workers
 from kernels.sampler import SamplingTensors, rejection_sample, sample
-from kernels.tables import commit
+from kernels.tables import commit, gather
 from layers.config import qwen38_27b
 from layers.quant import Int4Weight, Int8Weight
 
@@ -172,6 +172,10 @@ def launches():
     i32 = dict(dtype=torch.int32)
     commit(empty(B, **i32), empty(B, **i32), empty(B, **i32), empty(B, **i32), empty(B, T, **i32), empty(B * T, H),
            *(empty(B + 1, **i32) for _ in range(4)), empty(B + 1, T, **i32), empty(B + 1, T, H), acc_offset=0)
+    f32 = dict(dtype=torch.float32)
+    tables = [empty(B + 1, **i32)] * 4 + [empty(B + 1, **f32), empty(B + 1, **i32), empty(B + 1, **f32)]
+    gather(empty(B, **i32), empty(B, dtype=torch.int64), *tables, *(empty(B, dtype=t.dtype) for t in tables),
+           empty(B + 1, T, **i32), empty(B, T, **i32))
     yield "step tables"
 
 

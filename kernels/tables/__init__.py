@@ -1,13 +1,55 @@
-"""The model runner's per-slot tables after a step (graphs/buffers.py): commit writes each live row's outcome
-into its sequence's entries in one launch — the cached length, the tokens emitted, the GDN / conv kernels'
-num_accepted, the GDN slot holding the state (state_at), the emitted ids and the post-norm hiddens the next
-step's MTP re-runs. Padding rows (slot ids >= the slot count) write nothing, so the padding entry keeps its
-values. Reference: ref.commit_ref, the torch ops it replaces."""
+"""The model runner's per-slot tables (graphs/buffers.py) around a step, one launch each. gather: each row's
+entries (slot S, the padding entry, for padding rows) copied into the step's per-row vectors, and the row's
+pending token (the last it emitted) into the verify's first column. commit: each live row's outcome written into
+its sequence's entries — the cached length, the tokens emitted, the GDN / conv kernels' num_accepted, the GDN
+slot holding the state (state_at), the emitted ids and the post-norm hiddens the next step's MTP re-runs;
+padding rows write nothing, so the padding entry keeps its values. References: ref.py, the torch ops they
+replace."""
 import torch
 import triton
 import triton.language as tl
 
 from kernels.device import check_dense, pdl_args, pdl_wait
+
+
+@triton.jit
+def _gather_kernel(rows_ptr, rows_long_ptr, seq_len_ptr, emitted_ptr, num_acc_ptr, state_at_ptr, temp_ptr,
+                   top_k_ptr, top_p_ptr, row_len_ptr, row_emitted_ptr, row_acc_ptr, row_at_ptr, row_temp_ptr,
+                   row_top_k_ptr, row_top_p_ptr, last_ids_ptr, last_stride, ids_ptr, ids_stride, B,
+                   BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """One program: B ≤ BLOCK rows."""
+    pdl_wait(PDL)
+    i = tl.arange(0, BLOCK)
+    m = i < B
+    slot = tl.load(rows_ptr + i, mask=m, other=0).to(tl.int64)
+    tl.store(rows_long_ptr + i, slot, mask=m)
+    tl.store(row_len_ptr + i, tl.load(seq_len_ptr + slot, mask=m), mask=m)
+    emitted = tl.load(emitted_ptr + slot, mask=m, other=1)
+    tl.store(row_emitted_ptr + i, emitted, mask=m)
+    tl.store(row_acc_ptr + i, tl.load(num_acc_ptr + slot, mask=m), mask=m)
+    tl.store(row_at_ptr + i, tl.load(state_at_ptr + slot, mask=m), mask=m)
+    tl.store(row_temp_ptr + i, tl.load(temp_ptr + slot, mask=m), mask=m)
+    tl.store(row_top_k_ptr + i, tl.load(top_k_ptr + slot, mask=m), mask=m)
+    tl.store(row_top_p_ptr + i, tl.load(top_p_ptr + slot, mask=m), mask=m)
+    tl.store(ids_ptr + i * ids_stride, tl.load(last_ids_ptr + slot * last_stride + emitted - 1, mask=m), mask=m)
+
+
+def gather(rows, rows_long, seq_len, emitted, num_acc, state_at, temperature, top_k, top_p, row_len, row_emitted,
+           row_acc, row_at, row_temperature, row_top_k, row_top_p, last_ids, ids):
+    """rows [B] int32 slot ids (S: padding) → rows_long [B] int64 the same; row_x[b] = x[rows[b]] for the tables
+    seq_len, emitted, num_acc, state_at, temperature, top_k, top_p [S+1] (into row_len, row_emitted, row_acc,
+    row_at, row_temperature, row_top_k, row_top_p [B]); ids[b, 0] = last_ids[rows[b], emitted − 1] (ids [B, ≥1],
+    last_ids [S+1, Tm], row strides any)."""
+    B = rows.shape[0]
+    vectors = dict(rows=rows, rows_long=rows_long, seq_len=seq_len, emitted=emitted, num_acc=num_acc,
+                   state_at=state_at, temperature=temperature, top_k=top_k, top_p=top_p, row_len=row_len,
+                   row_emitted=row_emitted, row_acc=row_acc, row_at=row_at, row_temperature=row_temperature,
+                   row_top_k=row_top_k, row_top_p=row_top_p)
+    check_dense("gather", **vectors)
+    assert last_ids.stride(1) == 1 and ids.stride(1) == 1
+    if B:
+        _gather_kernel[(1,)](*vectors.values(), last_ids, last_ids.stride(0), ids, ids.stride(0), B,
+                             BLOCK=triton.next_power_of_2(B), num_warps=1, **pdl_args(ids.device))
 
 
 @triton.jit
@@ -56,4 +98,4 @@ def commit(rows, counts, row_len, row_shift, ids, out_hidden, seq_len, emitted, 
                                BLOCK_H=min(triton.next_power_of_2(H), 2048), num_warps=4, **pdl_args(ids.device))
 
 
-__all__ = ["commit"]
+__all__ = ["commit", "gather"]
