@@ -13,7 +13,7 @@ Per-slot tables, kept on the device from step to step (nothing read back inside 
                           round (the conv window's offset + 1), k + 1 after a prefill (the window ends at its last
                           column)
   state_at [S+1]          which of the sequence's k+1 GDN slots holds its state (k after a prefill; see
-                          ModelRunner._state_table)
+                          ModelRunner._row_pass)
   emitted [S+1]           tokens the last round emitted (1 after a prefill: the first sampled token)
   last_ids [S+1, k+1]     the last round's emitted ids (then −1); the pending token is last_ids[emitted − 1]
   hidden [S+1, k+1, H]    the last round's post-norm hiddens, the MTP's inputs of the next step's drafting
@@ -87,7 +87,6 @@ class Buffers:
         self.row_temperature, self.row_top_p = torch.zeros(S, **f32), torch.ones(S, **f32)
         self.row_top_k = torch.zeros(S, **i32)
         self.state_slots = torch.zeros(S * T, **i32)             # [B, T] as a dense prefix
-        self.state_table = torch.zeros(S * T, **i32)
         self.mtp_start = torch.zeros(S, **i32)
         self.mtp_ids = torch.zeros(S, T, **i32)
         self.arange = torch.arange(R, **i32)

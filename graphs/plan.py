@@ -145,7 +145,7 @@ def runner_parts(cfg: ModelConfig, max_seqs: int, max_len: int, spec_k: int, max
     acts = (2 * R * (5 * H + n_proj + C + max(hv * dv, hq * d) + 2 * hq * d + hkv * d + 3 * I) + 4 * (cap + R) * rd
             + 4 * S * hq * T * nseg * (d + PART_EXTRA) + hv * n * (2 * dk + 2 * dv + 4 * GDN_CHUNK)
             + 8 * MAX_ROWS * (n_proj + 2 * H + 2 * I))
-    tables = (4 * (S + 1) * (7 + T) + 2 * (S + 1) * T * H + 4 * S * (17 + 5 * T) + 16 * R + 4 * max_prefill
+    tables = (4 * (S + 1) * (7 + T) + 2 * (S + 1) * T * H + 4 * S * (17 + 4 * T) + 16 * R + 4 * max_prefill
               + 44)
     sampler = _sampler_bytes(S, V)
     if k:

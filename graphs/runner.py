@@ -42,7 +42,7 @@ from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.precompile import compile_ahead
 from kernels.sampler import SamplingTensors, rejection_sample, sample, sample_drafts, target_to_draft
-from kernels.tables import commit, gather
+from kernels.tables import commit, gather, pass_tables
 from kernels import device as gpu
 from layers.config import MAX_SPEC_K
 from layers.prepared import AttentionWeights, PreparedModel
@@ -297,22 +297,21 @@ class ModelRunner:
     def _row_pass(self, B, T, start, acc=None, gdn=True) -> Pass:
         """A verify-shaped pass over buf.rows[:B], T tokens each from positions start [B] (device): kv_lens, rope,
         and (gdn: the target's layers, not the MTP's) the GDN slot table (acc None: every row's state in slot k,
-        num_accepted k + 1; else `acc` and the rotation of _state_table)."""
-        b, k = self.buf, self.k
-        torch.add(start, T, out=b.kv_lens[:B])
-        cos, sin = self._rope(B, T, start)
-        deferred = self.w.body == "int4" and defers(B * T, self.device)
+        num_accepted k + 1; else `acc` and a rotation), one launch (kernels.tables.pass_tables). The rotation: the
+        kernels start from the table's entry c = clamp(acc − 1, 0, T − 1) and leave the state after token t in
+        entry t; a sequence's state is in its slot state_at, so entry t is slot (state_at − c + t) mod (k+1) — t
+        itself when every round verifies k + 1 tokens (then c = state_at = acc − 1), rotated when a round verifies
+        fewer than the last one accepted. The state after the round's token count − 1 is then in (state_at − c +
+        count − 1) mod (k+1) (the commit reads buf.row_shift = state_at − c)."""
+        b, k, M = self.buf, self.k, B * T
+        slots = b.dense(b.state_slots, B, T) if gdn else None
+        pass_tables(start, b.rows[:B], b.cos_table, b.sin_table, b.kv_lens[:B], b.cos[:M], b.sin[:M], slots=slots,
+                    fixed=k, acc=acc, state_at=b.row_at[:B], shift=b.row_shift[:B], slots_per_seq=k + 1)
+        deferred = self.w.body == "int4" and defers(M, self.device)
         if not gdn:
-            return Pass(B, T, b.rows[:B], b.kv_lens[:B], cos, sin, deferred=deferred)
-        slots = b.dense(b.state_slots, B, T)
-        slots.copy_(b.rows[:B].view(B, 1).expand(B, T))
-        slots.mul_(k + 1)
-        if acc is None:
-            slots.add_(k)
-        else:
-            self._state_table(B, T, acc, slots)
-        return Pass(B, T, b.rows[:B], b.kv_lens[:B], cos, sin, slots, b.acc_last[:B] if acc is None else acc,
-                    deferred=deferred)
+            return Pass(B, T, b.rows[:B], b.kv_lens[:B], b.cos[:M], b.sin[:M], deferred=deferred)
+        return Pass(B, T, b.rows[:B], b.kv_lens[:B], b.cos[:M], b.sin[:M], slots,
+                    b.acc_last[:B] if acc is None else acc, deferred=deferred)
 
     def _draft_passes(self, B: int, n: int) -> list:
         """The n one-token MTP passes of a draft, at positions L + j (L: row_len; j < n), their kv_lens and rope
@@ -330,23 +329,6 @@ class ModelRunner:
         deferred = self.w.body == "int4" and defers(B, self.device)
         return [Pass(B, 1, b.rows[:B], kv_lens[j], cos[j * B:(j + 1) * B], sin[j * B:(j + 1) * B],
                      deferred=deferred) for j in range(n)]
-
-    def _state_table(self, B, T, acc, slots):
-        """GDN slots of a T-token verify (added to slots = rows·(k+1)). The kernels start from the table's entry
-        c = clamp(acc − 1, 0, T − 1) and leave the state after token t in entry t; a sequence's state is in its slot
-        state_at, so entry t is slot (state_at − c + t) mod (k+1) — t itself when every round verifies k + 1 tokens
-        (then c = state_at = acc − 1), rotated when a round verifies fewer than the last one accepted. The state
-        after the round's token count − 1 is then in (state_at − c + count − 1) mod (k+1) (commit: buf.row_shift
-        holds state_at − c)."""
-        b, Tm = self.buf, self.k + 1
-        shift = b.row_shift[:B]
-        torch.sub(acc, 1, out=shift)
-        shift.clamp_(0, T - 1)
-        torch.sub(b.row_at[:B], shift, out=shift)
-        table = b.dense(b.state_table, B, T)
-        torch.add(shift.view(B, 1), b.arange[:T].view(1, T), out=table)
-        table.remainder_(Tm)
-        slots.add_(table)
 
     # ------------------------------------------------------------------------------------------ entry points
     def set_sampling(self, slot: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):

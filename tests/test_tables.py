@@ -5,8 +5,8 @@ wraps them, and no other entry touched."""
 import pytest
 import torch
 
-from kernels.tables import commit, gather
-from kernels.tables.ref import commit_ref, gather_ref
+from kernels.tables import commit, gather, pass_tables
+from kernels.tables.ref import commit_ref, gather_ref, pass_tables_ref
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -61,3 +61,27 @@ def test_gather_reads_what_the_torch_ops_read(rows):
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     assert (outs[0][-1][:, 1:] == -7).all()                  # only the first column is the gather's
+
+
+@pytest.mark.parametrize("mode", ["rope only", "fixed slot", "rotated"])
+@pytest.mark.parametrize("T", [1, 5])
+def test_pass_tables_as_the_torch_ops(mode, T):
+    B, S, Tm, cap, rd = 5, 6, 5, 40, 24
+    g = torch.Generator().manual_seed(T)
+    i32 = dict(dtype=torch.int32)
+    start = torch.tensor([0, 37, -1, 12, 39], **i32).to(DEV)                      # clamped at both ends
+    rows = torch.tensor([2, S, 0, 5, S], **i32).to(DEV)
+    acc = torch.randint(1, Tm + 1, (B,), generator=g, **i32).to(DEV)
+    state_at = torch.randint(0, Tm, (B,), generator=g, **i32).to(DEV)
+    tables = [torch.randn(cap, rd, generator=g).to(DEV, torch.bfloat16) for _ in range(2)]
+    outs = []
+    for fn in (pass_tables, pass_tables_ref):
+        kv_lens = torch.full((B,), -7, **i32, device=DEV)
+        cos, sin = (torch.full((B * T, rd), float("nan"), device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        slots = None if mode == "rope only" else torch.full((B, T), -7, **i32, device=DEV)
+        shift = torch.full((B,), -7, **i32, device=DEV)
+        fn(start, rows, *tables, kv_lens, cos, sin, slots=slots, fixed=4 if mode == "fixed slot" else None,
+           acc=acc if mode == "rotated" else None, state_at=state_at, shift=shift, slots_per_seq=Tm)
+        outs.append([kv_lens, cos, sin, shift] + ([] if slots is None else [slots]))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)

@@ -32,7 +32,7 @@ from kernels.int8 import int8_embedding, int8_linear
 from kernels.norms import add_rmsnorm, gated_rmsnorm, qk_norm_rope, silu_mul
 from kernels.precompile import workers
 from kernels.sampler import SamplingTensors, rejection_sample, sample
-from kernels.tables import commit, gather
+from kernels.tables import commit, gather, pass_tables
 from layers.config import qwen38_27b
 from layers.quant import Int4Weight, Int8Weight
 
@@ -176,6 +176,11 @@ def launches():
     tables = [empty(B + 1, **i32)] * 4 + [empty(B + 1, **f32), empty(B + 1, **i32), empty(B + 1, **f32)]
     gather(empty(B, **i32), empty(B, dtype=torch.int64), *tables, *(empty(B, dtype=t.dtype) for t in tables),
            empty(B + 1, T, **i32), empty(B, T, **i32))
+    rd = CFG.rotary_dim
+    for slots, acc in ((None, None), (empty(B, T, **i32), None), (empty(B, T, **i32), empty(B, **i32))):
+        pass_tables(empty(B, **i32), empty(B, **i32), empty(4096, rd), empty(4096, rd), empty(B, **i32),
+                    empty(B * T, rd), empty(B * T, rd), slots=slots, fixed=4, acc=acc, state_at=empty(B, **i32),
+                    shift=empty(B, **i32), slots_per_seq=T)
     yield "step tables"
 
 

@@ -1,11 +1,11 @@
 """The model runner's per-slot tables (graphs/buffers.py) around a step, one launch each. gather: each row's
 entries (slot S, the padding entry, for padding rows) copied into the step's per-row vectors, and the row's
-pending token (the last it emitted) into the verify's first column. commit: each live row's outcome written into
+pending token (the last it emitted) into the verify's first column. pass_tables: a pass's kv_lens, rope rows
+and GDN slot table. commit: each live row's outcome written into
 its sequence's entries — the cached length, the tokens emitted, the GDN / conv kernels' num_accepted, the GDN
 slot holding the state (state_at), the emitted ids and the post-norm hiddens the next step's MTP re-runs;
 padding rows write nothing, so the padding entry keeps its values. References: ref.py, the torch ops they
 replace."""
-import torch
 import triton
 import triton.language as tl
 
@@ -50,6 +50,53 @@ def gather(rows, rows_long, seq_len, emitted, num_acc, state_at, temperature, to
     if B:
         _gather_kernel[(1,)](*vectors.values(), last_ids, last_ids.stride(0), ids, ids.stride(0), B,
                              BLOCK=triton.next_power_of_2(B), num_warps=1, **pdl_args(ids.device))
+
+
+@triton.jit
+def _pass_kernel(start_ptr, rows_ptr, acc_ptr, state_at_ptr, cos_table_ptr, sin_table_ptr, kv_lens_ptr, cos_ptr,
+                 sin_ptr, slots_ptr, shift_ptr, cap, RD, TM, fixed, T: tl.constexpr, MODE: tl.constexpr,
+                 BLOCK_RD: tl.constexpr, PDL: tl.constexpr):
+    """Grid (B, T): program (b, t) the rope row and GDN slot of token t; t = 0 also kv_lens (and the shift)."""
+    b, t = tl.program_id(0), tl.program_id(1)
+    pdl_wait(PDL)
+    start = tl.load(start_ptr + b)
+    pos = tl.minimum(tl.maximum(start + t, 0), cap - 1).to(tl.int64)     # a padding row's MTP start is 0 − 1
+    d = tl.arange(0, BLOCK_RD)
+    m = d < RD
+    row = (b * T + t).to(tl.int64) * RD
+    tl.store(cos_ptr + row + d, tl.load(cos_table_ptr + pos * RD + d, mask=m), mask=m)
+    tl.store(sin_ptr + row + d, tl.load(sin_table_ptr + pos * RD + d, mask=m), mask=m)
+    if t == 0:
+        tl.store(kv_lens_ptr + b, start + T)
+    if MODE == 1:                                  # every row's state in slot `fixed`
+        tl.store(slots_ptr + b * T + t, tl.load(rows_ptr + b) * TM + fixed)
+    if MODE == 2:                                  # rotated from state_at by the accepted count
+        shift = tl.load(state_at_ptr + b) - tl.minimum(tl.maximum(tl.load(acc_ptr + b) - 1, 0), T - 1)
+        if t == 0:
+            tl.store(shift_ptr + b, shift)
+        e = (shift + t) % TM
+        tl.store(slots_ptr + b * T + t, tl.load(rows_ptr + b) * TM + tl.where(e < 0, e + TM, e))
+
+
+def pass_tables(start, rows, cos_table, sin_table, kv_lens, cos, sin, slots=None, fixed: int = None, acc=None,
+                state_at=None, shift=None, slots_per_seq: int = 1):
+    """A verify-shaped pass of B rows × T tokens from positions start [B] (int32; rows [B] their slot ids):
+    kv_lens [B] = start + T, cos / sin [B·T, rd] = the tables' rows at clamp(start + t, 0, cap − 1); and the GDN
+    slot table slots [B, T] (None: none), either rows·slots_per_seq + fixed, or (acc given) rotated:
+    shift [B] = state_at − clamp(acc − 1, 0, T − 1), slots = rows·slots_per_seq + (shift + t) mod
+    slots_per_seq (graphs/runner._row_pass)."""
+    B, T = kv_lens.shape[0], cos.shape[0] // max(kv_lens.shape[0], 1)
+    mode = 0 if slots is None else 1 if acc is None else 2
+    check_dense("pass_tables", start=start, rows=rows, cos_table=cos_table, sin_table=sin_table, kv_lens=kv_lens,
+                cos=cos, sin=sin, slots=slots, acc=acc, state_at=state_at, shift=shift)
+    assert cos.shape[0] == B * T and (mode != 1 or fixed is not None)
+    if B:
+        dummy = kv_lens
+        _pass_kernel[(B, T)](start, rows, acc if mode == 2 else dummy, state_at if mode == 2 else dummy, cos_table,
+                             sin_table, kv_lens, cos, sin, dummy if slots is None else slots,
+                             shift if mode == 2 else dummy, cos_table.shape[0], cos_table.shape[1], slots_per_seq,
+                             fixed or 0, T=T, MODE=mode, BLOCK_RD=triton.next_power_of_2(cos_table.shape[1]),
+                             num_warps=1, **pdl_args(cos.device))
 
 
 @triton.jit
@@ -98,4 +145,4 @@ def commit(rows, counts, row_len, row_shift, ids, out_hidden, seq_len, emitted, 
                                BLOCK_H=min(triton.next_power_of_2(H), 2048), num_warps=4, **pdl_args(ids.device))
 
 
-__all__ = ["commit", "gather"]
+__all__ = ["commit", "gather", "pass_tables"]
