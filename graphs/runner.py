@@ -307,28 +307,24 @@ class ModelRunner:
         slots = b.dense(b.state_slots, B, T) if gdn else None
         pass_tables(start, b.rows[:B], b.cos_table, b.sin_table, b.kv_lens[:B], b.cos[:M], b.sin[:M], slots=slots,
                     fixed=k, acc=acc, state_at=b.row_at[:B], shift=b.row_shift[:B], slots_per_seq=k + 1)
-        deferred = self.w.body == "int4" and defers(M, self.device)
-        if not gdn:
-            return Pass(B, T, b.rows[:B], b.kv_lens[:B], b.cos[:M], b.sin[:M], deferred=deferred)
-        return Pass(B, T, b.rows[:B], b.kv_lens[:B], b.cos[:M], b.sin[:M], slots,
-                    b.acc_last[:B] if acc is None else acc, deferred=deferred)
+        num_acc = None if not gdn else b.acc_last[:B] if acc is None else acc
+        return Pass(B, T, b.rows[:B], b.kv_lens[:B], b.cos[:M], b.sin[:M], slots, num_acc,
+                    deferred=self.w.body == "int4" and defers(M, self.device))
 
     def _draft_passes(self, B: int, n: int) -> list:
         """The n one-token MTP passes of a draft, at positions L + j (L: row_len; j < n), their kv_lens and rope
-        computed at once into dense prefixes of the pass buffers (free again once the MTP's re-run has run)."""
-        if not n:
-            return []
-        b, M = self.buf, B * n
-        kv_lens = b.dense(b.kv_lens, n, B)
-        torch.add(b.row_len[:B].view(1, B), b.arange[1:n + 1].view(n, 1), out=kv_lens)
-        pos = b.positions[:M]
-        torch.sub(kv_lens.view(-1), 1, out=pos)
-        pos.clamp_(0, b.cap - 1)
-        cos, sin = (torch.index_select(t, 0, pos, out=o[:M]) for t, o in ((b.cos_table, b.cos),
-                                                                           (b.sin_table, b.sin)))
-        deferred = self.w.body == "int4" and defers(B, self.device)
-        return [Pass(B, 1, b.rows[:B], kv_lens[j], cos[j * B:(j + 1) * B], sin[j * B:(j + 1) * B],
-                     deferred=deferred) for j in range(n)]
+        written up front (pass_tables for each, from positions computed at once) into dense prefixes of the pass
+        buffers, free again once the MTP's re-run has run."""
+        b = self.buf
+        starts = b.positions[:B * n].view(n, B)
+        torch.add(b.row_len[:B].view(1, B), b.arange[:n].view(n, 1), out=starts)
+        kv_lens, passes = b.dense(b.kv_lens, n, B), []
+        for j in range(n):
+            rows = slice(j * B, (j + 1) * B)
+            pass_tables(starts[j], b.rows[:B], b.cos_table, b.sin_table, kv_lens[j], b.cos[rows], b.sin[rows])
+            passes.append(Pass(B, 1, b.rows[:B], kv_lens[j], b.cos[rows], b.sin[rows],
+                               deferred=self.w.body == "int4" and defers(B, self.device)))
+        return passes
 
     # ------------------------------------------------------------------------------------------ entry points
     def set_sampling(self, slot: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
